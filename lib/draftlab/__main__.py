@@ -1,0 +1,3 @@
+from draftlab.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""Hidden-state extraction through forward hooks, written as speculators' training data.
+
+Layer ids follow vLLM's numbering, which is what the draft will be fed when served: id `i` is the
+residual stream *entering* decoder layer `i` (the pre-norm output of layer `i-1`; id 0 is the
+embedding output). The last slot is always id `L`, the last layer's pre-norm output, which
+speculators turns into verifier logits with the verifier's own norm and lm_head. Each sample
+becomes `hidden_states/hs_{i}.safetensors` with `token_ids [T]` and `hidden_states [T, n_aux+1, H]`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from safetensors.torch import save as st_save
+from tqdm.auto import tqdm
+
+from draftlab import DraftlabError, manifest
+
+FORMAT = "draftlab-hidden-states/1"
+
+
+def default_layer_ids(num_layers: int, kind: str = "eagle3", n: int = 5) -> list[int]:
+    """EAGLE-3: speculators' default [2, L//2, L-3]. DFlash: n ids spread evenly over the depth."""
+    if kind == "eagle3":
+        ids = [2, num_layers // 2, num_layers - 3]
+    elif kind == "dflash":
+        ids = sorted({round(1 + i * (num_layers - 3) / (n - 1)) for i in range(n)})
+    else:
+        raise DraftlabError(f"draft kind {kind!r} unknown; use 'eagle3' or 'dflash'.")
+    return validate_layer_ids(ids, num_layers, default=True)
+
+
+def validate_layer_ids(ids, num_layers: int, default: bool = False) -> list[int]:
+    ids = [int(i) for i in ids]
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad or not ids or len(set(ids)) != len(ids):
+        why = f"ids {bad} out of range" if bad else "ids must be distinct and non-empty"
+        fix = "pass layer_ids explicitly" if default else f"use distinct ids in [0, {num_layers - 1}]"
+        raise DraftlabError(
+            f"aux layer ids {ids} are invalid for a verifier with {num_layers} layers: {why}; {fix}. "
+            f"(Id i is the state entering decoder layer i, vLLM's numbering; the final state, id "
+            f"{num_layers}, is always stored as the last slot.)"
+        )
+    return sorted(ids)
+
+
+@contextmanager
+def capture(verifier, layer_ids: list[int]):
+    """Forward hooks filling {layer id: tensor} for the aux ids plus the final id L."""
+    store: dict[int, torch.Tensor] = {}
+
+    def keep(i):
+        def hook(_module, _inputs, out):
+            store[i] = out[0] if isinstance(out, tuple) else out
+
+        return hook
+
+    handles = []
+    for i in [*layer_ids, verifier.num_layers]:
+        module = verifier.embed if i == 0 else verifier.layers[i - 1]
+        handles.append(module.register_forward_hook(keep(i)))
+    try:
+        yield store
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def hidden_states(verifier, batch_ids: list[list[int]], layer_ids: list[int]) -> list[torch.Tensor]:
+    """[T_b, n_aux+1, H] per sample, from one right-padded forward of the decoder (no lm_head)."""
+    pad = verifier.tokenizer.pad_token_id or 0
+    width = max(map(len, batch_ids))
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in batch_ids], device=verifier.device)
+    attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch_ids], device=verifier.device)
+    decoder = verifier.model.get_decoder()
+    with capture(verifier, layer_ids) as store:
+        decoder(input_ids=ids, attention_mask=attn, use_cache=False)
+    stacked = torch.stack([store[i] for i in [*layer_ids, verifier.num_layers]], dim=2)
+    return [stacked[b, : len(s)] for b, s in enumerate(batch_ids)]
+
+
+def _ids_digest(ids) -> str:
+    return hashlib.sha256(torch.as_tensor(ids, dtype=torch.long).numpy().tobytes()).hexdigest()[:16]
+
+
+def _write(path: Path, token_ids, hs: torch.Tensor) -> dict:
+    blob = st_save({"token_ids": torch.as_tensor(token_ids, dtype=torch.long), "hidden_states": hs.contiguous().cpu()})
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(blob)
+    os.replace(tmp, path)  # atomic: a file at its final name is always complete
+    return {"sha256": hashlib.sha256(blob).hexdigest(), "tokens": len(token_ids), "ids": _ids_digest(token_ids)}
+
+
+def _file_ok(path: Path, entry: dict | None, ids, n_slots: int, hidden: int) -> dict | None:
+    """The manifest entry for a file already on disk if it is sound for this row, else None."""
+    from speculators.data_generation.offline import check_hidden_states
+
+    try:
+        blob = path.read_bytes()
+        digest = hashlib.sha256(blob).hexdigest()
+        if entry is not None:
+            return entry if entry["sha256"] == digest and entry["ids"] == _ids_digest(ids) else None
+        data = load_file(path)
+        check_hidden_states(data, list(map(int, ids)))
+        if tuple(data["hidden_states"].shape[1:]) != (n_slots, hidden):
+            return None
+        return {"sha256": digest, "tokens": len(ids), "ids": _ids_digest(ids)}
+    except Exception:  # noqa: BLE001 (any unreadable or mismatched file is redone)
+        return None
+
+
+@dataclass
+class ExtractStats:
+    samples: int
+    written: int
+    reused: int
+    redone: int
+    tokens_written: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_written / self.seconds if self.seconds else float("nan")
+
+
+def extract(
+    verifier,
+    dataset,
+    out_dir: Path,
+    layer_ids: list[int],
+    batch_size: int = 8,
+    max_samples: int | None = None,
+    progress: bool = True,
+) -> ExtractStats:
+    """Fill `out_dir/hidden_states/` for every row of a speculators Arrow dataset; resumable.
+
+    Interrupt it at any point and run it again: files already sound are kept, half-written,
+    corrupt or stale ones (rows whose tokens changed) are redone, extras are removed.
+    """
+    from speculators.data_generation.offline import (
+        find_corrupt_hidden_state_indices,
+        get_existing_hidden_state_indices,
+    )
+
+    layer_ids = validate_layer_ids(layer_ids, verifier.num_layers)
+    out_dir = Path(out_dir)
+    hs_dir = out_dir / "hidden_states"
+    hs_dir.mkdir(parents=True, exist_ok=True)
+    identity = {
+        "verifier_fingerprint": verifier.fingerprint,
+        "layer_ids": layer_ids,
+        "dtype": str(verifier.dtype).removeprefix("torch."),
+        "hidden_size": verifier.hidden_size,
+    }
+    old = manifest.check_identity(out_dir, identity) or {}
+    n = len(dataset) if max_samples is None else min(max_samples, len(dataset))
+    if n == 0:
+        raise DraftlabError(f"{out_dir}: the dataset has no rows to extract; build it with prompts first.")
+    rows = dataset.with_format(None)["input_ids"][:n]
+    n_slots = len(layer_ids) + 1
+
+    for tmp in hs_dir.glob("*.tmp"):
+        tmp.unlink()
+    existing = get_existing_hidden_state_indices(hs_dir)
+    for i in [i for i in existing if i >= n]:
+        (hs_dir / f"hs_{i}.safetensors").unlink()
+    corrupt = find_corrupt_hidden_state_indices(hs_dir, [i for i in existing if i < n])
+    files: dict[str, dict] = {}
+    redone = 0
+    for i in existing:
+        if i >= n:
+            continue
+        entry = None if i in corrupt else _file_ok(hs_dir / f"hs_{i}.safetensors", old.get("files", {}).get(str(i)), rows[i], n_slots, verifier.hidden_size)
+        if entry is None:
+            (hs_dir / f"hs_{i}.safetensors").unlink(missing_ok=True)
+            redone += 1
+        else:
+            files[str(i)] = entry
+    reused = len(files)
+    todo = sorted((i for i in range(n) if str(i) not in files), key=lambda i: len(rows[i]))
+
+    state = {
+        "format": FORMAT,
+        **identity,
+        "verifier_path": str(verifier.path),
+        "num_layers": verifier.num_layers,
+        "slots": [*layer_ids, verifier.num_layers],
+        "layer_numbering": "vLLM: id i = state entering decoder layer i; last slot = final pre-norm state",
+        "num_samples": n,
+        "files": files,
+    }
+    t0 = time.perf_counter()
+    written_tokens, last_save = 0, t0
+    pool = ThreadPoolExecutor(max_workers=1)  # file writes overlap the next forward
+    pending = []
+    try:
+        with tqdm(total=len(todo), desc="Extracting hidden states", unit="sample", disable=not progress) as bar:
+            for start in range(0, len(todo), batch_size):
+                idx = todo[start : start + batch_size]
+                states = hidden_states(verifier, [rows[i] for i in idx], layer_ids)
+                for f in pending:
+                    i, entry = f.result()
+                    files[str(i)] = entry
+                pending = [
+                    pool.submit(lambda i=i, hs=hs: (i, _write(hs_dir / f"hs_{i}.safetensors", rows[i], hs.cpu())))
+                    for i, hs in zip(idx, states, strict=True)
+                ]
+                written_tokens += sum(len(rows[i]) for i in idx)
+                bar.update(len(idx))
+                if time.perf_counter() - last_save > 10:
+                    manifest.write(out_dir, state)
+                    last_save = time.perf_counter()
+            for f in pending:
+                i, entry = f.result()
+                files[str(i)] = entry
+            pending = []
+    finally:
+        pool.shutdown(wait=True)
+        for f in pending:  # keep what was written before an interruption
+            if f.exception() is None:
+                i, entry = f.result()
+                files[str(i)] = entry
+        state["num_tokens"] = sum(e["tokens"] for e in files.values())
+        state["complete"] = len(files) == n
+        manifest.write(out_dir, state)
+    return ExtractStats(n, len(todo), reused, redone, written_tokens, time.perf_counter() - t0)
+
+
+def load_sample(out_dir: Path, i: int) -> dict[str, torch.Tensor]:
+    return load_file(Path(out_dir) / "hidden_states" / f"hs_{i}.safetensors")

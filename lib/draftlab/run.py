@@ -1,0 +1,82 @@
+"""`draftlab run`: every notebook in order through papermill, stopping at the first failure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from draftlab import DraftlabError
+from draftlab.config import PROFILES, load_profile, notebooks_dir, outputs_dir
+
+
+def notebooks(only: list[str] | None = None) -> list[Path]:
+    found = sorted(notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        wanted = {o.strip().zfill(2) for o in only if o.strip()}
+        unknown = wanted - {p.name[:2] for p in found}
+        if unknown:
+            raise DraftlabError(f"--only {sorted(unknown)}: no such notebook; have {[p.name for p in found]}.")
+        found = [p for p in found if p.name[:2] in wanted]
+    return found
+
+
+class NotebookFailed(RuntimeError):
+    pass
+
+
+def run(profile: str = "default", only=None, run_name: str | None = None, kernel: str = "python3") -> list[dict]:
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    params = load_profile(profile)
+    run_name = run_name or profile
+    out = outputs_dir() / run_name
+    out.mkdir(parents=True, exist_ok=True)
+    params.update(profile=profile, run_name=run_name)
+    summary: list[dict] = []
+    for nb in notebooks(only):
+        t0 = time.perf_counter()
+        rec = {"notebook": nb.name, "output": str(out / nb.name)}
+        print(f"==> {nb.name} (profile {profile})", flush=True)
+        try:
+            pm.execute_notebook(str(nb), str(out / nb.name), parameters=params, kernel_name=kernel, cwd=str(nb.parent), log_output=True, progress_bar=False)
+            rec.update(status="ok")
+        except PapermillExecutionError as e:
+            rec.update(status="failed", cell=e.cell_index, execution_count=e.exec_count, error=f"{e.ename}: {e.evalue}")
+        rec["seconds"] = round(time.perf_counter() - t0, 1)
+        summary.append(rec)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        if rec["status"] != "ok":
+            print_summary(summary)
+            raise NotebookFailed(
+                f"{nb.name} failed in cell {rec['cell']} (execution count {rec['execution_count']}): {rec['error']}\n"
+                f"The executed notebook with the traceback is {out / nb.name}."
+            )
+    print_summary(summary)
+    return summary
+
+
+def print_summary(summary: list[dict]) -> None:
+    print(f"\n{'notebook':40s} {'status':8s} {'seconds':>8s}")
+    for r in summary:
+        print(f"{r['notebook']:40s} {r['status']:8s} {r['seconds']:8.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="draftlab", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="execute the notebooks in order with papermill")
+    r.add_argument("--profile", default="default", help=f"one of {PROFILES} (notebooks/params/*.yaml)")
+    r.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 01,03")
+    r.add_argument("--run-name", default=None, help="outputs/<run-name>/ (default: the profile name)")
+    r.add_argument("--kernel", default="python3")
+    args = ap.parse_args(argv)
+    try:
+        run(args.profile, args.only.split(",") if args.only else None, args.run_name, args.kernel)
+    except (DraftlabError, NotebookFailed) as e:
+        print(f"draftlab: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,86 @@
+"""Tiny random verifiers (plain and nested) with a real tokenizer and chat template, built offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = [
+    "hello how are you today", "what is the capital of france", "def add(a, b): return a + b",
+    "the quick brown fox jumps over the lazy dog", "print('hello world')", "i am fine thank you",
+    "for i in range(10): print(i)", "speculative decoding drafts tokens that a verifier accepts",
+] * 20
+
+
+def make_tokenizer(chat_template: str | None = CHATML):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
+    tk.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>", bos_token="<|im_start|>")
+    tok.chat_template = chat_template
+    return tok
+
+
+def make_model(vocab_size: int, layers: int = 8, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_verifier")
+    tok = make_tokenizer()
+    make_model(len(tok)).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def nested_dir(tmp_path_factory, tiny_dir):
+    """A Kimi-style wrapper: config under text_config, weights under `language_model.`, plus a vision part."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    path = tmp_path_factory.mktemp("nested_verifier")
+    text_cfg = json.loads((tiny_dir / "config.json").read_text())
+    cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text_cfg,
+           "vision_config": {"hidden_size": 8}}
+    (path / "config.json").write_text(json.dumps(cfg))
+    state = {f"language_model.{k}": v for k, v in load_file(tiny_dir / "model.safetensors").items()}
+    state["vision_tower.proj.weight"] = torch.zeros(8, 8)
+    save_file(state, path / "model.safetensors")
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_dir):
+    from draftlab.verifier import load_verifier
+
+    return load_verifier(tiny_dir, device="cpu", dtype="float32")
+
+
+def random_rows(vocab: int, lengths, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    rows = {"input_ids": [], "loss_mask": []}
+    for n in lengths:
+        rows["input_ids"].append(torch.randint(4, vocab, (n,), generator=g).tolist())
+        rows["loss_mask"].append([0] * (n // 3) + [1] * (n - n // 3))
+    return rows

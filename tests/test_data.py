@@ -1,0 +1,97 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from draftlab import DraftlabError
+from draftlab.dataset import build_rows, save_split, tokenize_conversation
+from draftlab.prompts import Prompt, generate_responses, load_prompts
+from draftlab.vocab import build_mapping, coverage_curve, heldout_coverage, token_frequencies
+
+
+def test_prompt_split_is_fixed_by_text_and_never_overlaps():
+    small, large = load_prompts(20, 10, 0.25), load_prompts(200, 60, 0.25)
+    assert load_prompts(20, 10, 0.25) == small  # deterministic
+    split_of = {p.text: p.split for p in large}
+    assert all(split_of[p.text] == p.split for p in small), "a prompt changed split when the set grew"
+    train = {p.text for p in large if p.split == "train"}
+    assert train and train.isdisjoint({p.text for p in large if p.split == "eval"})
+    assert {p.source for p in large} == {"chat", "code"}
+    share = sum(p.split == "eval" for p in large) / len(large)
+    assert 0.15 < share < 0.35
+
+
+def test_empty_or_oversized_prompt_sets_are_refused():
+    with pytest.raises(DraftlabError, match="empty"):
+        load_prompts(0, 0)
+    with pytest.raises(DraftlabError, match="only 164"):
+        load_prompts(0, 1000)
+
+
+def test_loss_mask_covers_exactly_the_assistant_turn(tiny):
+    ids, mask = tokenize_conversation(tiny.tokenizer, "hello how are you", "i am fine")
+    assert len(ids) == len(mask) and mask[0] == 0 and mask[-1] == 1
+    start = mask.index(1)
+    assert all(mask[start:]) and not any(mask[:start])
+    assert tiny.tokenizer.decode(ids[start:]).strip() == "i am fine<|im_end|>"
+    assert tiny.tokenizer.decode(ids[:start]).endswith("<|im_start|>assistant\n")
+
+
+def test_long_rows_are_truncated_and_counted(tiny):
+    ps = [Prompt(f"p{i}", "chat", "hello " * (i * 8 + 1), "train" if i % 2 else "eval") for i in range(6)]
+    resp = {p.id: "the quick brown fox jumps over the lazy dog " * 3 for p in ps}
+    rows, stats = build_rows(tiny.tokenizer, ps, resp, max_length=40)
+    assert all(len(r) <= 40 for s in rows.values() for r in s["input_ids"])
+    full = [len(tokenize_conversation(tiny.tokenizer, p.text, resp[p.id])[0]) for p in ps]
+    assert stats["train"].truncated + stats["eval"].truncated == sum(n > 40 for n in full) > 0
+    dropped = stats["train"].dropped_unsupervised + stats["eval"].dropped_unsupervised
+    assert stats["train"].rows + stats["eval"].rows + dropped == len(ps)
+    with pytest.raises(DraftlabError, match="raise max_length"):
+        build_rows(tiny.tokenizer, ps, resp, max_length=4)
+
+
+def test_saved_split_is_speculators_format(tiny, tmp_path):
+    ps = [Prompt("a", "chat", "hello", "train"), Prompt("b", "code", "def add(a, b):", "train"), Prompt("c", "chat", "hi", "eval")]
+    rows, _ = build_rows(tiny.tokenizer, ps, {"a": "hi there", "b": "return a + b", "c": "hello"}, 64)
+    ds = save_split(rows["train"], tiny.tokenizer, tmp_path, 64)
+    assert ds.column_names == ["input_ids", "loss_mask", "seq_len"] and len(ds) == 2
+    assert ds[0]["input_ids"].tolist() == rows["train"]["input_ids"][0]
+    assert list(ds.with_format(None)["seq_len"]) == [len(r) for r in rows["train"]["input_ids"]]
+
+
+def test_generation_resumes_and_refuses_other_settings(tiny, tmp_path):
+    ps = load_prompts(5, 2, 0.3)
+    path = tmp_path / "responses.jsonl"
+    full = generate_responses(tiny, ps, path, max_new_tokens=6, batch_size=3)
+    lines = path.read_text().splitlines()
+    assert len(lines) == len(ps) and set(full) == {p.id for p in ps}
+    path.write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])  # interrupted mid-line
+    calls = []
+    orig = tiny.model.generate
+    tiny.model.generate = lambda **kw: calls.append(kw["input_ids"].shape[0]) or orig(**kw)
+    try:
+        again = generate_responses(tiny, ps, path, max_new_tokens=6, batch_size=3)
+    finally:
+        tiny.model.generate = orig
+    assert sum(calls) == len(ps) - 3, "only the missing prompts are regenerated"
+    assert again == full  # greedy: the same answers
+    with pytest.raises(DraftlabError, match="max_new_tokens"):
+        generate_responses(tiny, ps, path, max_new_tokens=7)
+
+
+def test_vocab_mapping_is_speculators_and_saved_where_its_cli_looks(tiny, tmp_path):
+    rows = {"input_ids": [[5, 6, 6, 7, 7, 7, 9], [7, 8, 8, 8, 8, 9, 9]], "loss_mask": [[0, 1, 1, 1, 1, 1, 1], [1] * 7]}
+    ds = save_split(rows, tiny.tokenizer, tmp_path, 64)
+    freq = token_frequencies(ds, tmp_path)
+    assert freq == {6: 2, 7: 4, 8: 4, 9: 3}  # token 5 is masked out
+    d2t, t2d = build_mapping(freq, 3, tiny.vocab_size, tmp_path)
+    assert t2d.nonzero().flatten().tolist() == [7, 8, 9]
+    assert (torch.arange(3) + d2t).tolist() == [7, 8, 9]
+    assert np.load(tmp_path / "d2t-3.npy").tolist() == d2t.tolist()
+    assert np.load(tmp_path / "t2d-3.npy").sum() == 3
+    curve = coverage_curve(freq)
+    assert curve[-1] == pytest.approx(1.0) and curve[2] == pytest.approx(11 / 13)
+    assert heldout_coverage({6: 1, 7: 3}, t2d) == pytest.approx(0.75)
+    with pytest.raises(DraftlabError, match="exceeds"):
+        build_mapping(freq, tiny.vocab_size + 1, tiny.vocab_size, tmp_path)

@@ -1,0 +1,89 @@
+import ast
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _norm(req: str) -> str:
+    return re.sub(r"\s+", "", req).lower()
+
+
+def test_environment_yml_mirrors_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {_norm(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert {_norm(r) for r in pip if not r.startswith("-e")} == declared
+    assert "-e ." in pip, "environment.yml must install the project itself"
+    pythons = [d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python")]
+    assert pythons == ["python=3.11"] and project["requires-python"].startswith(">=3.11")
+    assert env["channels"] == ["conda-forge"]
+
+
+def _parameters(nb) -> dict:
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    assert "parameters" in cell["metadata"].get("tags", []), "the first code cell must be tagged 'parameters'"
+    names = {}
+    for node in ast.parse("".join(cell["source"])).body:
+        assert isinstance(node, ast.Assign), "the parameters cell holds plain assignments only"
+        names[node.targets[0].id] = ast.literal_eval(node.value)
+    return names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_are_committed_stripped_and_well_formed(path):
+    assert re.fullmatch(r"\d\d_[a-z]+(_[a-z0-9]+)+\.ipynb", path.name), "name as NN_verb_noun.ipynb"
+    nb = json.loads(path.read_text())
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    for c in nb["cells"]:
+        if c["cell_type"] == "code":
+            assert c["outputs"] == [] and c["execution_count"] is None, "commit notebooks with outputs stripped"
+    _parameters(nb)
+
+
+def test_profiles_define_only_known_parameters():
+    known = set().union(*(_parameters(json.loads(p.read_text())) for p in NOTEBOOKS))
+    keys = {}
+    for name in ("ci", "default", "gpu"):
+        keys[name] = set(yaml.safe_load((ROOT / "notebooks" / "params" / f"{name}.yaml").read_text()))
+        assert keys[name] <= known, f"{name}.yaml sets parameters no notebook declares: {keys[name] - known}"
+    assert keys["ci"] == keys["default"] == keys["gpu"], "profiles must set the same parameters"
+
+
+FAILING = {
+    "cells": [
+        {"id": "c1", "cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "x = 1", "outputs": [], "execution_count": None},
+        {"id": "c2", "cell_type": "code", "metadata": {}, "source": "y = x + 1", "outputs": [], "execution_count": None},
+        {"id": "c3", "cell_type": "code", "metadata": {}, "source": "raise ValueError(f'boom {y}')", "outputs": [], "execution_count": None},
+    ],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    "nbformat": 4, "nbformat_minor": 5,
+}
+
+
+def test_run_stops_at_the_first_failure_naming_notebook_and_cell(tmp_path, monkeypatch):
+    from draftlab.run import NotebookFailed, main, run
+
+    (tmp_path / "notebooks" / "params").mkdir(parents=True)
+    (tmp_path / "notebooks" / "params" / "ci.yaml").write_text("x: 41\n")
+    ok = json.loads(json.dumps(FAILING))
+    ok["cells"] = ok["cells"][:2]
+    (tmp_path / "notebooks" / "01_pass_first.ipynb").write_text(json.dumps(ok))
+    (tmp_path / "notebooks" / "02_fail_here.ipynb").write_text(json.dumps(FAILING))
+    (tmp_path / "notebooks" / "03_never_run.ipynb").write_text(json.dumps(ok))
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
+    with pytest.raises(NotebookFailed, match=r"02_fail_here.ipynb failed in cell 3 .*ValueError: boom 42"):
+        run("ci")
+    summary = json.loads((tmp_path / "outputs" / "ci" / "summary.json").read_text())
+    assert [(s["notebook"], s["status"]) for s in summary] == [("01_pass_first.ipynb", "ok"), ("02_fail_here.ipynb", "failed")]
+    assert not (tmp_path / "outputs" / "ci" / "03_never_run.ipynb").exists()
+    assert main(["run", "--profile", "ci", "--only", "1", "--run-name", "one"]) == 0
+    assert (tmp_path / "outputs" / "one" / "01_pass_first.ipynb").exists()
+    assert main(["run", "--profile", "nope"]) == 1

