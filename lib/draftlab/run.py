@@ -31,6 +31,12 @@ def run(profile: str = "default", only=None, run_name: str | None = None, kernel
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
+    import logging
+
+    log = logging.getLogger("papermill")  # stream each cell's output to the console as it runs
+    if not log.handlers:
+        log.addHandler(logging.StreamHandler(sys.stdout))
+        log.setLevel(logging.INFO)
     params = load_profile(profile)
     run_name = run_name or profile
     out = outputs_dir() / run_name
