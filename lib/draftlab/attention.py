@@ -1,0 +1,69 @@
+"""Which attention implementation a draft uses, chosen out loud and checked against its mask.
+
+A flex-attention `BlockMask` only means something to flex attention; sdpa and eager take a dense
+mask. speculators picks its mask builder from the transformer config's `_attn_implementation`
+and fills in flex when it is None, which fails on CPU (no backward there in this torch). draftlab
+picks explicitly: flex on CUDA, sdpa with a dense boolean mask on CPU, and says why.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.attention.flex_attention import BlockMask
+
+from draftlab import DraftlabError
+
+FLEX = "simple_flex_attention"  # speculators' registered name for its flex forward
+ALIASES = {"flex": FLEX, "flex_attention": FLEX, FLEX: FLEX, "sdpa": "sdpa", "eager": "eager"}
+
+
+def pick_attention(device: str | torch.device, force: str | None = None) -> tuple[str, str]:
+    """(implementation, reason). `force` overrides the choice: flex, sdpa or eager."""
+    cuda = str(device).startswith("cuda")
+    if force:
+        if force not in ALIASES:
+            raise DraftlabError(f"attention={force!r} unknown; use one of flex, sdpa, eager (or leave it unset).")
+        impl = ALIASES[force]
+        reason = f"forced by parameter ({force})"
+        if impl == FLEX and not cuda:
+            reason += "; note: on CPU flex attention runs forward only (no backward), so it cannot train here"
+        return impl, reason
+    if cuda:
+        return FLEX, "CUDA: flex attention consumes the BlockMask directly (sparse blocks skipped, fused kernel)"
+    return "sdpa", "CPU: flex attention has no backward here, so sdpa with a dense boolean mask"
+
+
+def mask_builder(impl: str):
+    """The builder speculators itself pairs with `impl` (same choice as its Eagle3DraftModel)."""
+    from torch.nn.attention.flex_attention import create_block_mask, create_mask
+
+    from speculators.models.attention import create_float_mask
+
+    require_impl(impl)
+    return {FLEX: create_block_mask, "eager": create_float_mask}.get(impl, create_mask)
+
+
+def require_impl(impl: str | None) -> str:
+    if impl is None:
+        raise DraftlabError(
+            "_attn_implementation is unset (None): speculators would silently default to flex attention, "
+            "which has no backward on CPU. Set it explicitly, e.g. draftlab.attention.pick_attention(device)."
+        )
+    if impl not in ALIASES.values():
+        raise DraftlabError(f"_attn_implementation={impl!r} is not one draftlab supports: {FLEX}, sdpa or eager.")
+    return impl
+
+
+def check_mask(impl: str | None, mask) -> None:
+    """Raise before torch does when the mask type does not fit the implementation."""
+    require_impl(impl)
+    if isinstance(mask, BlockMask) and impl != FLEX:
+        raise DraftlabError(
+            f"A flex-attention BlockMask was handed to {impl}, which needs a dense mask. Build it with "
+            f"draftlab.attention.mask_builder({impl!r}) (torch's create_mask), or use flex attention on CUDA."
+        )
+    if impl == FLEX and not isinstance(mask, BlockMask):
+        raise DraftlabError(
+            f"flex attention needs a BlockMask, got {type(mask).__name__}; build it with create_block_mask "
+            "or switch the draft to sdpa."
+        )
