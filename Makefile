@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.draftlab-installed
 PROFILE ?= default
 
-.PHONY: run test pytest notebooks lab bench clean-outputs
+.PHONY: run test pytest notebooks browser lab bench clean-outputs
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,16 +21,20 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/draftlab run --profile $(PROFILE)
 
-test: pytest notebooks
+# Unit tests, then every notebook under `ci`, then the browser test (it opens 02 on the ci data).
+test: pytest notebooks browser
 
 pytest: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not browser"
+
+browser: $(STAMP)
+	$(PY) -m pytest -m browser
 
 notebooks: $(STAMP)
 	$(VENV)/bin/draftlab run --profile ci
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --allow-root
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_extract.py

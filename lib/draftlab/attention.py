@@ -67,3 +67,14 @@ def check_mask(impl: str | None, mask) -> None:
             f"flex attention needs a BlockMask, got {type(mask).__name__}; build it with create_block_mask "
             "or switch the draft to sdpa."
         )
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, impl: str | None) -> torch.Tensor:
+    """One attention call through `impl`, with the mask checked first ([B, H, T, D] tensors)."""
+    check_mask(impl, mask)
+    if impl == FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        return flex_attention(q, k, v, block_mask=mask)
+    dense = mask if mask.dim() == 4 else mask[None, None]
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)

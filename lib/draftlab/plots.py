@@ -83,3 +83,75 @@ def length_histogram(lengths: dict[str, list[int]], max_length: int, out_dir=Non
     ax.legend()
     fig.tight_layout()
     return save(fig, out_dir, "lengths")
+
+
+BLOCK_COLOURS = ("#ffffff", "#f4a259", "#3d5a80")  # skipped, partial, full
+
+
+def mask_heatmap(view, ax=None, max_labels: int = 12):
+    """Token-level mask (query rows, key columns) with documents, TTT steps and anchor blocks outlined."""
+    from matplotlib.colors import ListedColormap
+
+    ax = ax or plt.subplots(figsize=(7, 5))[1]
+    ax.imshow(view.dense.cpu().numpy(), cmap=ListedColormap(["#f7f7f7", "#1f6f8b"]), aspect="auto",
+              interpolation="antialiased", vmin=0, vmax=1)
+    n_base = view.kv_regions[0][2]
+    for _label, start, end in view.kv_regions[1:]:
+        ax.axvline(start - 0.5, color="k", lw=1.2)
+    offsets = [s for _, s, _ in view.kv_regions] if "anchors" not in view.extra else [0]
+    for b in view.doc_bounds:
+        for off in offsets:
+            ax.axvline(off + b - 0.5, color="#c0392b", lw=0.6, ls=":")
+        if "anchors" not in view.extra:
+            ax.axhline(b - 0.5, color="#c0392b", lw=0.6, ls=":")
+    for label, start, end in view.kv_regions:
+        ax.text((start + end) / 2, 1.005, label, transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=8)
+    if "anchors" in view.extra:
+        for _label, start, _end in view.q_regions[1:]:
+            ax.axhline(start - 0.5, color="#888", lw=0.5)
+        if len(view.q_regions) <= max_labels:
+            for label, start, end in view.q_regions:
+                ax.text(0.005, (start + end) / 2, label, transform=ax.get_yaxis_transform(), ha="left", va="center",
+                        fontsize=7, color="#c0392b", bbox={"facecolor": "white", "alpha": 0.7, "lw": 0, "pad": 1})
+        for a in view.extra["anchors"].tolist():
+            ax.plot([a], [-0.5], marker="v", color="#c0392b", ms=4, clip_on=False)
+    ax.set_xlabel(f"key position (kv_len = {view.kv_len}; base sequence {n_base})")
+    ax.set_ylabel(f"query (q_len = {view.q_len})")
+    ax.set_title(f"{view.name}: token mask, sparsity {view.sparsity:.1%}", fontsize=10, pad=16)
+    return ax
+
+
+def block_heatmap(view, ax=None):
+    """The BlockMask flex attention receives: which tiles it skips, evaluates, or takes whole."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    from draftlab.masks import block_states
+
+    ax = ax or plt.subplots(figsize=(5, 4))[1]
+    states = block_states(view.block).cpu().numpy()
+    ax.imshow(states, cmap=ListedColormap(BLOCK_COLOURS), vmin=0, vmax=2, aspect="auto", interpolation="nearest")
+    counts = [(states == s).mean() for s in range(3)]
+    ax.legend(handles=[Patch(facecolor=c, edgecolor="#999", label=f"{name} {share:.0%}") for c, name, share in
+                       zip(BLOCK_COLOURS, ("skipped", "partial", "full"), counts, strict=True)],
+              loc="upper right", fontsize=7, framealpha=0.9)
+    tile = view.extra.get("flex_block", 128)
+    ax.set_title(f"BlockMask.to_dense(): {states.shape[0]} x {states.shape[1]} tiles of {tile}x{tile} tokens", fontsize=10, pad=16)
+    for axis, n in ((ax.xaxis, states.shape[1]), (ax.yaxis, states.shape[0])):
+        if n <= 24:
+            axis.set_ticks(range(n))
+        else:
+            axis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("key block")
+    ax.set_ylabel("query block")
+    return ax
+
+
+def mask_figure(view, out_dir=None, name: str | None = None):
+    """Token view and block view side by side; returns the Figure (PNG saved when out_dir is given)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    mask_heatmap(view, a)
+    block_heatmap(view, b)
+    fig.tight_layout()
+    return save(fig, out_dir, name or view.name.split(",")[0].lower().replace("-", "").replace(" ", "_"))

@@ -1,0 +1,54 @@
+"""Interactive mask explorer for JupyterLab: sliders redraw the EAGLE-3 and DFlash masks."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+
+from draftlab import masks, plots
+
+
+def document_lengths(seq_len: int, docs: int, fill: float = 0.9, seed: int = 0) -> list[int]:
+    """`docs` documents of uneven length filling about `fill` of the pack (the rest is padding)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(docs, generator=g) + 0.5
+    lengths = (w / w.sum() * seq_len * fill).long().clamp(min=2)
+    return lengths.tolist()
+
+
+def draw(seq_len: int, docs: int, block_size: int, n_anchors: int, ttt_step: int, flex_block: int = 128, out_dir=None):
+    """Both masks for one setting of the sliders: [(view, figure)] for EAGLE-3 then DFlash."""
+    pack = masks.synthetic_pack(document_lengths(seq_len, docs), seq_len)
+    views = [
+        masks.eagle3_mask(pack["document_ids"], ttt_step, flex_block),
+        masks.dflash_mask(pack["document_ids"], pack["loss_mask"], n_anchors, block_size, flex_block),
+    ]
+    return [(v, plots.mask_figure(v, out_dir)) for v in views]
+
+
+def mask_explorer(seq_len=512, docs=3, block_size=8, n_anchors=8, ttt_step=2, flex_block=128):
+    """Sliders for sequence length, documents per pack, block size, anchors and TTT step."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    sliders = {
+        "seq_len": w.IntSlider(seq_len, min=128, max=1024, step=128, description="seq length"),
+        "docs": w.IntSlider(docs, min=1, max=8, description="docs / pack"),
+        "block_size": w.IntSlider(block_size, min=2, max=16, description="block size"),
+        "n_anchors": w.IntSlider(n_anchors, min=1, max=32, description="anchors"),
+        "ttt_step": w.IntSlider(ttt_step, min=0, max=3, description="TTT step"),
+    }
+    out = w.Output()
+
+    def redraw(_change=None):
+        with out:
+            out.clear_output(wait=True)
+            for view, fig in draw(**{k: s.value for k, s in sliders.items()}, flex_block=flex_block):
+                display(fig)
+                plt.close(fig)
+                print(view.arithmetic)
+
+    for s in sliders.values():
+        s.observe(redraw, names="value")
+    redraw()
+    return w.VBox([w.HBox(list(sliders.values())[:3]), w.HBox(list(sliders.values())[3:]), out])
