@@ -51,10 +51,15 @@ class Draft:
         return self.model.fc.weight.dtype
 
     def forward(self, batch: dict, cast: bool = False):
-        """speculators' training forward on one packed batch, after draftlab's checks."""
+        """speculators' training forward on one packed batch, after draftlab's checks; a pack length
+        the flex BlockMask cannot serve is padded (and the choice recorded)."""
         batch = checks.check_batch_dtype(batch, self.dtype, cast)
         ids = self.model.target_layer_ids
         checks.check_layer_ids(ids, None, self.verifier.hidden_size, batch["hidden_states"].shape[-1])
+        n, why = checks.pack_length(batch["input_ids"].shape[1], self.kind, self.attention)
+        if n != batch["input_ids"].shape[1]:
+            batch = checks.pad_batch(batch, n)
+            self.choices["pack length"] = (n, why)
         checks.check_pack(batch, self.kind, self.attention)
         names = ("hidden_states", "input_ids", "loss_mask", "verifier_last_hidden_states", "document_ids", "position_ids")
         dev = self.model.fc.weight.device
@@ -125,31 +130,6 @@ def read_data(folder: Path | None, v: Verifier, draft_vocab_size: int | None) ->
     return man["layer_ids"], man, d2t, t2d
 
 
-def pick_mask_token(v: Verifier, path: Path, mask_token_id: int | None = None, used: set[int] | None = None) -> tuple[int, str]:
-    """DFlash fills draft blocks with a mask token. speculators' resolver picks the tokenizer's
-    mask token, else a free embedding row, else pad/eos/unk; a fallback that also occurs in the
-    training inputs (SmolLM2's pad is <|im_end|>, which closes every turn) is swapped for a special
-    token that never does, so a block of masks cannot look like real text."""
-    if mask_token_id is not None:
-        if not 0 <= int(mask_token_id) < v.vocab_size:
-            raise DraftlabError(f"mask_token_id={mask_token_id} is outside the verifier's vocabulary [0, {v.vocab_size}); pass a valid id or None.")
-        return int(mask_token_id), "given"
-    from speculators.train.utils import resolve_mask_token_id
-
-    tok = v.tokenizer
-    tid = resolve_mask_token_id(str(path), v.vocab_size)
-    if tid == tok.mask_token_id:
-        return tid, "the tokenizer's mask token"
-    if tid >= len(tok):
-        return tid, f"a free embedding row (the tokenizer uses {len(tok)} of {v.vocab_size})"
-    why = f"speculators' fallback {tok.convert_ids_to_tokens(tid)!r} (no mask token, no free embedding row)"
-    spare = [t for t in tok.all_special_ids if used is not None and t not in used and t < v.vocab_size]
-    if used is not None and tid in used and spare:
-        old, tid = tid, spare[0]
-        why = f"special token {tok.convert_ids_to_tokens(tid)!r}, since speculators' fallback {tok.convert_ids_to_tokens(old)!r} occurs in the training inputs"
-    return tid, why
-
-
 def verify(draft: Draft) -> None:
     """No NaN left (speculators' marker for verifier weights it did not load), and the frozen parts
     equal the verifier's tensors: embeddings, verifier norm, and lm_head rows picked by d2t."""
@@ -210,9 +190,9 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
                "attention": (impl, impl_why), "loss": (loss_impl, loss_why)}
     flat = dict(num_layers=num_layers, target_layer_ids=ids, draft_vocab_size=n_vocab, draft_attn_impl=impl, loss_implementation=loss_impl)
     if kind == "dflash":
-        used = _used_ids(data) if data is not None else None
+        used = checks.used_ids(data) if data is not None else None
         flat.update(block_size=block_size, mask_token_id=None)
-        flat["mask_token_id"], why = pick_mask_token(v, path, mask_token_id, used)
+        flat["mask_token_id"], why = checks.pick_mask_token(v, path, mask_token_id, used)
         choices["mask token"] = (f"{flat['mask_token_id']} {v.tokenizer.convert_ids_to_tokens(flat['mask_token_id'])!r}", why)
     cfg = _train_config(kind, path, **{k: val for k, val in flat.items() if val is not None})
     args = cfg.flatten()
@@ -235,12 +215,6 @@ def build_eagle3(verifier="smollm2", data=None, **kw) -> Draft:
 def build_dflash(verifier="smollm2", data=None, **kw) -> Draft:
     """DFlash draft (speculators' defaults: 5 qwen3 layers, block size 16, ce loss)."""
     return build_draft("dflash", verifier, data, **kw)
-
-
-def _used_ids(folder) -> set[int]:
-    from datasets import load_from_disk
-
-    return {int(t) for row in load_from_disk(str(folder)).with_format(None)["input_ids"] for t in row}
 
 
 def reload(path: Path, like: Draft) -> Draft:
@@ -267,3 +241,9 @@ def parameter_table(model: torch.nn.Module) -> list[dict]:
             rows.append({"module": name, "params": sum(p.numel() for p in ps), "trainable": "yes" if train == {True} else "no" if train == {False} else "partly",
                          "dtype": ", ".join(sorted({str(p.dtype).removeprefix("torch.") for p in ps})), "device": str(ps[0].device)})
     return rows
+
+
+def first_agreement(draft: Draft, metrics: dict) -> float:
+    """Share of supervised positions where the draft's first proposal is the verifier's argmax."""
+    key = "full_acc_0" if draft.kind == "eagle3" else "position_1_acc"
+    return float(metrics[f"{key}_sum"] / metrics[f"{key}_total"].clamp(min=1))

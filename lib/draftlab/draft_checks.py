@@ -144,3 +144,34 @@ def nan_parameters(model: torch.nn.Module) -> list[str]:
     """Names of floating parameters or buffers holding any NaN (speculators' 'not loaded' marker)."""
     named = list(model.named_parameters()) + list(model.named_buffers())
     return [n for n, t in named if t.is_floating_point() and bool(torch.isnan(t).any())]
+
+
+def pick_mask_token(v, path, mask_token_id: int | None = None, used: set[int] | None = None) -> tuple[int, str]:
+    """DFlash fills draft blocks with a mask token. speculators' resolver picks the tokenizer's
+    mask token, else a free embedding row, else pad/eos/unk; a fallback that also occurs in the
+    training inputs (SmolLM2's pad is <|im_end|>, which closes every turn) is swapped for a special
+    token that never does, so a block of masks cannot look like real text."""
+    if mask_token_id is not None:
+        if not 0 <= int(mask_token_id) < v.vocab_size:
+            raise DraftlabError(f"mask_token_id={mask_token_id} is outside the verifier's vocabulary [0, {v.vocab_size}); pass a valid id or None.")
+        return int(mask_token_id), "given"
+    from speculators.train.utils import resolve_mask_token_id
+
+    tok = v.tokenizer
+    tid = resolve_mask_token_id(str(path), v.vocab_size)
+    if tid == tok.mask_token_id:
+        return tid, "the tokenizer's mask token"
+    if tid >= len(tok):
+        return tid, f"a free embedding row (the tokenizer uses {len(tok)} of {v.vocab_size})"
+    why = f"speculators' fallback {tok.convert_ids_to_tokens(tid)!r} (no mask token, no free embedding row)"
+    spare = [t for t in tok.all_special_ids if used is not None and t not in used and t < v.vocab_size]
+    if used is not None and tid in used and spare:
+        old, tid = tid, spare[0]
+        why = f"special token {tok.convert_ids_to_tokens(tid)!r}, since speculators' fallback {tok.convert_ids_to_tokens(old)!r} occurs in the training inputs"
+    return tid, why
+
+
+def used_ids(folder) -> set[int]:
+    from datasets import load_from_disk
+
+    return {int(t) for row in load_from_disk(str(folder)).with_format(None)["input_ids"] for t in row}
