@@ -7,6 +7,8 @@ around were seen on the lent H200 and cannot be reproduced here.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE as FLEX_BLOCK
 
@@ -158,7 +160,9 @@ def pick_mask_token(v, path, mask_token_id: int | None = None, used: set[int] | 
     from speculators.train.utils import resolve_mask_token_id
 
     tok = v.tokenizer
-    tid = resolve_mask_token_id(str(path), v.vocab_size)
+    with warnings.catch_warnings():  # its fallback warning is replaced by the reason returned here
+        warnings.simplefilter("ignore")
+        tid = resolve_mask_token_id(str(path), v.vocab_size)
     if tid == tok.mask_token_id:
         return tid, "the tokenizer's mask token"
     if tid >= len(tok):
