@@ -85,19 +85,41 @@ def _doc_bounds(document_ids: torch.Tensor) -> list[int]:
     return [i for i in range(1, len(d)) if d[i] != d[i - 1]]
 
 
-def eagle3_mask(document_ids: torch.Tensor, ttt_step: int = 0, flex_block: int = 128, device="cpu") -> MaskView:
-    """The mask EAGLE-3 attends with at TTT step `ttt_step` (0 = the plain packed sequence)."""
+def eagle3_block_mask(document_ids: torch.Tensor, ttt_step: int = 0, flex_block: int = 128, device="cpu",
+                      builder=create_block_mask):
+    """(mask_mod, BlockMask) exactly as EAGLE-3 training builds them at step `ttt_step`; no dense mask."""
     from speculators.models.eagle3.attention import create_combined_mask_mod, extend_mask_for_draft_tokens
 
     doc = document_ids.reshape(-1).to(device)
     n = doc.numel()
     mod = create_combined_mask_mod(doc, n)
-    kv_len = (ttt_step + 1) * n
-    dense = create_mask(mod, None, None, n, kv_len, device=device)[0, 0]
-    block = create_block_mask(mod, None, None, n, n, device=device, BLOCK_SIZE=flex_block)
+    block = builder(mod, None, None, n, n, device=device, BLOCK_SIZE=flex_block)
     for _ in range(ttt_step):
         block = extend_mask_for_draft_tokens(block)  # what speculators does between steps
-    check_block_lengths(block, n, kv_len)
+    check_block_lengths(block, n, (ttt_step + 1) * n)
+    return mod, block
+
+
+def dflash_block_mask(document_ids: torch.Tensor, loss_mask: torch.Tensor, n_anchors: int, block_size: int,
+                      flex_block: int = 128, seed: int = 0, device="cpu", builder=create_block_mask):
+    """(mask_mod, BlockMask, anchors, anchor_valid) as DFlash training builds them; no dense mask."""
+    from speculators.models.dflash.attention import create_anchor_block_mask_mod
+    from speculators.models.dflash.utils import select_anchors
+
+    doc = document_ids.reshape(-1).to(device)
+    torch.manual_seed(seed)
+    anchors, valid = select_anchors(loss_mask.reshape(1, -1).to(device), n_anchors, block_size)
+    mod, q_len, kv_len = create_anchor_block_mask_mod(doc, doc.numel(), anchors, block_size)
+    return mod, builder(mod, None, None, q_len, kv_len, device=device, BLOCK_SIZE=flex_block), anchors, valid
+
+
+def eagle3_mask(document_ids: torch.Tensor, ttt_step: int = 0, flex_block: int = 128, device="cpu") -> MaskView:
+    """The mask EAGLE-3 attends with at TTT step `ttt_step` (0 = the plain packed sequence)."""
+    doc = document_ids.reshape(-1).to(device)
+    n = doc.numel()
+    mod, block = eagle3_block_mask(doc, ttt_step, flex_block, device)
+    kv_len = (ttt_step + 1) * n
+    dense = create_mask(mod, None, None, n, kv_len, device=device)[0, 0]
     kv_regions = [("packed sequence", 0, n)] + [(f"TTT step {s}", s * n, (s + 1) * n) for s in range(1, ttt_step + 1)]
     arith = (
         f"q_len = L = {n} (one query per packed token). kv_len = (ttt_step + 1) * L = {ttt_step + 1} * {n} = {kv_len}: "
@@ -127,16 +149,11 @@ def check_block_lengths(block: BlockMask, q_len: int, kv_len: int) -> None:
 def dflash_mask(document_ids: torch.Tensor, loss_mask: torch.Tensor, n_anchors: int, block_size: int,
                 flex_block: int = 128, seed: int = 0, device="cpu") -> MaskView:
     """The DFlash anchor-block mask, anchors drawn by speculators' `select_anchors` (seeded)."""
-    from speculators.models.dflash.attention import create_anchor_block_mask_mod
-    from speculators.models.dflash.utils import select_anchors
-
     doc = document_ids.reshape(-1).to(device)
     n = doc.numel()
-    torch.manual_seed(seed)
-    anchors, valid = select_anchors(loss_mask.reshape(1, -1).to(device), n_anchors, block_size)
-    mod, q_len, kv_len = create_anchor_block_mask_mod(doc, n, anchors, block_size)
+    mod, block, anchors, valid = dflash_block_mask(doc, loss_mask, n_anchors, block_size, flex_block, seed, device)
+    q_len, kv_len = n_anchors * block_size, n + n_anchors * block_size
     dense = create_mask(mod, None, None, q_len, kv_len, device=device)[0, 0]
-    block = create_block_mask(mod, None, None, q_len, kv_len, device=device, BLOCK_SIZE=flex_block)
     q_regions = [(f"anchor {j} @ {int(a)}", j * block_size, (j + 1) * block_size) for j, a in enumerate(anchors.tolist())]
     arith = (
         f"q_len = n_anchors * block_size = {n_anchors} * {block_size} = {q_len} synthetic queries. "
