@@ -88,6 +88,19 @@ def hidden_states(verifier, batch_ids: list[list[int]], layer_ids: list[int]) ->
     return [stacked[b, : len(s)] for b, s in enumerate(batch_ids)]
 
 
+def _to_host(states: list[torch.Tensor]) -> tuple[list[torch.Tensor], object]:
+    """Start one asynchronous device-to-host copy of a batch into pinned memory; the writers wait
+    on the returned event, so the GPU runs the next forward while the copy and the writes proceed."""
+    if states[0].device.type != "cuda":
+        return states, None
+    base = states[0]._base if states[0]._base is not None else states[0]
+    host = torch.empty(base.shape, dtype=base.dtype, pin_memory=True)
+    host.copy_(base, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return [host[b, : len(s)] for b, s in enumerate(states)], event
+
+
 def _ids_digest(ids) -> str:
     return hashlib.sha256(torch.as_tensor(ids, dtype=torch.long).numpy().tobytes()).hexdigest()[:16]
 
@@ -140,6 +153,7 @@ def extract(
     batch_size: int = 8,
     max_samples: int | None = None,
     progress: bool = True,
+    writers: int | None = None,
 ) -> ExtractStats:
     """Fill `out_dir/hidden_states/` for every row of a speculators Arrow dataset; resumable.
 
@@ -200,20 +214,25 @@ def extract(
     }
     t0 = time.perf_counter()
     written_tokens, last_save = 0, t0
-    pool = ThreadPoolExecutor(max_workers=1)  # file writes overlap the next forward
-    pending = []
+    # File writes (serialise, hash, write) run on a pool while the next forward runs; hashlib and
+    # file I/O release the GIL. At most two batches are in flight, so memory stays bounded.
+    pool = ThreadPoolExecutor(max_workers=writers or min(8, os.cpu_count() or 1))
+    pending: list = []
+
+    def write(i, hs, event):
+        if event is not None:
+            event.synchronize()
+        return i, _write(hs_dir / f"hs_{i}.safetensors", rows[i], hs)
+
     try:
         with tqdm(total=len(todo), desc="Extracting hidden states", unit="sample", disable=not progress) as bar:
             for start in range(0, len(todo), batch_size):
                 idx = todo[start : start + batch_size]
-                states = hidden_states(verifier, [rows[i] for i in idx], layer_ids)
-                for f in pending:
-                    i, entry = f.result()
+                states, event = _to_host(hidden_states(verifier, [rows[i] for i in idx], layer_ids))
+                while len(pending) > batch_size:  # keep at most two batches in flight
+                    i, entry = pending.pop(0).result()
                     files[str(i)] = entry
-                pending = [
-                    pool.submit(lambda i=i, hs=hs: (i, _write(hs_dir / f"hs_{i}.safetensors", rows[i], hs.cpu())))
-                    for i, hs in zip(idx, states, strict=True)
-                ]
+                pending += [pool.submit(write, i, hs, event) for i, hs in zip(idx, states, strict=True)]
                 written_tokens += sum(len(rows[i]) for i in idx)
                 bar.update(len(idx))
                 if time.perf_counter() - last_save > 10:
