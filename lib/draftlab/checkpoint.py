@@ -1,0 +1,117 @@
+"""Checkpoints of a training run: the speculators folder vLLM serves, plus what a resume needs.
+
+`checkpoints/step-<N>/` holds `save_pretrained`'s `config.json` + `model.safetensors` and a
+`trainer_state.pt` (step, optimizer, scheduler, RNG states, data position, hyper-parameters).
+A folder is written under a temporary name and renamed, so an interrupted save never looks like
+a checkpoint. The hyper-parameters are compared on resume: a run continued with another model
+shape, vocabulary or schedule would not be "the same run", so it is refused, naming the field.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from draftlab import DraftlabError
+
+STATE = "trainer_state.pt"
+
+
+def hparams(draft, settings: dict) -> dict:
+    """Everything that must not change across a resume: the draft's shape and data, and the schedule."""
+    m, cfg = draft.model, draft.model.config
+    out = {"kind": draft.kind, "verifier_fingerprint": draft.verifier.fingerprint, "target_layer_ids": list(m.target_layer_ids),
+           "draft_vocab_size": int(m.draft_vocab_size), "num_layers": int(cfg.transformer_layer_config.num_hidden_layers),
+           "hidden_size": int(cfg.transformer_layer_config.hidden_size), "attention": draft.attention,
+           "dtype": str(draft.dtype).removeprefix("torch.")}
+    if draft.kind == "dflash":
+        out.update(block_size=int(cfg.block_size), mask_token_id=int(cfg.mask_token_id))
+    out.update(settings)
+    return out
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}  # noqa: NPY002
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])  # noqa: NPY002
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(run_dir: Path, draft, step: int, optimizer, scheduler, position: tuple[int, int], hp: dict, keep: int = 2) -> Path:
+    """Write `checkpoints/step-<step>/` atomically; keep the newest `keep` checkpoints."""
+    from draftlab.draft_checks import nan_parameters
+
+    bad = nan_parameters(draft.model)
+    if bad:  # never let a poisoned model overwrite a good checkpoint
+        raise DraftlabError(f"draft tensors {bad[:3]} are NaN at step {step}; not saving. The last good checkpoint is {latest(run_dir)}.")
+    root = Path(run_dir) / "checkpoints"
+    final, tmp = root / f"step-{step}", root / f".step-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    draft.model.save_pretrained(tmp)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+                "data_position": position, "hparams": hp}, tmp / STATE)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in checkpoints(run_dir)[:-keep] if keep else []:
+        shutil.rmtree(old)
+    return final
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    found = [p for p in root.glob("step-*") if (p / STATE).exists() and (p / "model.safetensors").exists()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def latest(run_dir: Path) -> Path | None:
+    found = checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def check_same(saved: dict, now: dict, where: Path) -> None:
+    for key in sorted(set(saved) | set(now)):
+        if saved.get(key) != now.get(key):
+            raise DraftlabError(
+                f"cannot resume {where}: it was trained with {key}={saved.get(key)!r}, now {key}={now.get(key)!r}. "
+                f"Resume with the same {key}, or start a fresh run (resume=False, or another dataset_name)."
+            )
+
+
+def load(path: Path, draft, optimizer, scheduler, hp: dict) -> dict:
+    """Restore weights, optimizer, scheduler and RNG from a checkpoint; returns its state."""
+    from safetensors.torch import load_file
+
+    state = torch.load(Path(path) / STATE, weights_only=False)
+    check_same(state["hparams"], hp, path)
+    weights = load_file(Path(path) / "model.safetensors", device=str(draft.model.fc.weight.device))
+    missing, unexpected = draft.model.load_state_dict(weights, strict=False)
+    trainable = {n for n, p in draft.model.named_parameters() if p.requires_grad}
+    if unexpected or trainable & set(missing):
+        raise DraftlabError(f"{path}/model.safetensors does not fit the draft (missing {sorted(trainable & set(missing))[:3]}, unexpected {unexpected[:3]}).")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state
+
+
+def write_final(run_dir: Path, draft) -> Path:
+    """`final/`: a plain speculators folder (config.json + model.safetensors) for vLLM and notebook 05."""
+    final, tmp = Path(run_dir) / "final", Path(run_dir) / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    draft.model.save_pretrained(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final

@@ -1,0 +1,223 @@
+"""Stage 04: short training runs of a draft on stage-01 data, on CPU or one GPU, with resume.
+
+A thin loop around speculators' pieces (its dataset, packing sampler and collate, the model's own
+losses and metrics through `Draft.forward`, `build_optimizers` for AdamW, transformers' cosine
+schedule with warm-up as `speculators train` uses): what it adds is what a notebook needs, a
+JSONL of metrics per step, held-out evaluation, checkpoints vLLM can load, an exact resume, and
+a stop that names the step when the loss stops being finite. Several GPUs go through
+`speculators train` itself: `torchrun_command` writes that command line, it trains nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from draftlab import DraftlabError
+from draftlab import checkpoint as ckpt
+from draftlab.config import data_dir
+from draftlab.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
+from draftlab.train_data import Packs, open_split, tokens
+
+# Settings that change how often things happen, not what is trained: free to differ on resume.
+CADENCE = ("eval_every", "checkpoint_every", "eval_packs", "keep_checkpoints")
+
+
+@dataclass
+class Settings:
+    steps: int = 100
+    learning_rate: float = 1e-3
+    warmup_steps: int = 10
+    pack_len: int = 2048  # tokens per batch (one packed sequence)
+    grad_clip: float = 1.0
+    weight_decay: float = 0.01  # speculators' AdamW default
+    ttt_steps: int = 3  # EAGLE-3
+    ttt_step_loss_decay: float = 1.0  # EAGLE-3
+    n_anchors: int = 512  # DFlash blocks per pack (speculators' max_anchors)
+    seed: int = 0
+    eval_every: int = 50
+    checkpoint_every: int = 50
+    eval_packs: int | None = None  # None: the whole held-out split
+    keep_checkpoints: int = 2
+
+
+def run_folder(dataset_name: str, kind: str) -> Path:
+    return data_dir() / "runs" / dataset_name / "drafts" / kind
+
+
+def final_checkpoint(dataset_name: str, kind: str) -> Path:
+    """The folder `SpeculatorModel.from_pretrained` and `vllm serve` load (written at the end of a run)."""
+    path = run_folder(dataset_name, kind) / "final"
+    if not (path / "config.json").exists():
+        raise DraftlabError(f"no trained {kind} draft at {path}; run notebook 04 (draftlab run --only 04) for dataset {dataset_name!r}.")
+    return path
+
+
+def configure(draft, s: Settings) -> None:
+    """Per-kind forward options from the settings: TTT steps and decay, or DFlash anchors."""
+    if draft.kind == "eagle3":
+        draft.train_kwargs.update(ttt_steps=s.ttt_steps, ttt_step_loss_decay=s.ttt_step_loss_decay)
+    else:
+        draft.train_kwargs.update(max_anchors=s.n_anchors)
+
+
+def optimizer_and_schedule(draft, s: Settings):
+    from speculators.train.optimizers import build_optimizers
+    from transformers import get_cosine_schedule_with_warmup
+
+    (opt,) = build_optimizers(draft.model, SimpleNamespace(optimizer="adamw", lr=s.learning_rate, weight_decay=s.weight_decay))
+    return opt, get_cosine_schedule_with_warmup(opt, num_warmup_steps=s.warmup_steps, num_training_steps=s.steps)
+
+
+def normalise(sums: dict) -> dict:
+    from speculators.train.utils import normalize_counted_metrics
+
+    return normalize_counted_metrics({k: float(v) for k, v in sums.items()})
+
+
+@torch.no_grad()
+def evaluate(draft, packs: Packs, limit: int | None = None, seed: int = 0) -> dict:
+    """Held-out metrics, summed over packs before dividing (so each token counts once). RNG is
+    forked and seeded, so DFlash's random anchors are the same at every evaluation and training's
+    random stream is untouched."""
+    draft.model.eval()
+    sums: dict = {}
+    n, t0 = 0, time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for batch in packs.all(limit):
+            _, _, m = draft.forward(batch)
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0) + v.detach().float().cpu()
+            n += tokens(batch)
+    draft.model.train()
+    return {**normalise(sums), "tokens_per_s": n / (time.perf_counter() - t0)}
+
+
+def _log(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _start(run_dir: Path, draft, opt, sched, hp: dict, resume: bool) -> int:
+    """Fresh: clear the run folder. Resume: restore the latest checkpoint, keep metrics up to it."""
+    last = ckpt.latest(run_dir) if resume else None
+    if last is None:
+        for p in ("checkpoints", "final"):
+            shutil.rmtree(run_dir / p, ignore_errors=True)
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        return 0
+    step = ckpt.load(last, draft, opt, sched, hp)["step"]
+    kept = [r for r in read_metrics(run_dir) if r["step"] <= step]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return step
+
+
+def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | None = None, *, resume: bool = False,
+          stop_after: int | None = None, progress: bool = True) -> Path:
+    """Train `draft` on `data/train`, evaluating on `data/eval`; returns the run folder.
+
+    `data` is a stage-01 dataset folder (data/runs/<dataset_name>). `resume=True` continues from the
+    newest checkpoint in the run folder (refused if a hyper-parameter changed); `stop_after=N` ends
+    after global step N with a checkpoint, as an interruption would, without writing `final/`.
+    """
+    from tqdm.auto import tqdm
+
+    s = settings or Settings()
+    data, run_dir = Path(data), Path(run_dir or Path(data) / "drafts" / draft.kind)
+    configure(draft, s)
+    train_packs = Packs(draft, open_split(draft, data / "train", s.pack_len), s.pack_len, s.seed)
+    eval_packs = Packs(draft, open_split(draft, data / "eval", s.pack_len), s.pack_len, 0)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    hp = ckpt.hparams(draft, {k: v for k, v in asdict(s).items() if k not in CADENCE})
+    rows = data / "train" / "rows.fingerprint"
+    hp["train_rows"] = rows.read_text() if rows.exists() else None
+    opt, sched = optimizer_and_schedule(draft, s)
+    step = _start(run_dir, draft, opt, sched, hp, resume)
+    if step == 0:
+        torch.manual_seed(s.seed)
+    end = min(s.steps, stop_after or s.steps)
+    metrics_path = run_dir / "metrics.jsonl"
+    draft.model.train()
+    bar = tqdm(total=end, initial=step, desc=f"train {draft.kind}", disable=not progress)
+    while step < end:
+        t0 = time.perf_counter()
+        batch, position = train_packs.at(step)
+        lr = sched.get_last_lr()[0]
+        _, loss, m = draft.forward(batch)
+        if not torch.isfinite(loss):
+            raise DraftlabError(f"loss is {loss.item()} at step {step + 1}: training stopped. Last good checkpoint: {ckpt.latest(run_dir)}. "
+                                f"Lower learning_rate (now {s.learning_rate}) or check the data of this pack.")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_([p for p in draft.model.parameters() if p.requires_grad], s.grad_clip)
+        if not torch.isfinite(norm):
+            raise DraftlabError(f"gradient norm is {norm.item()} at step {step + 1}: training stopped. Last good checkpoint: {ckpt.latest(run_dir)}.")
+        opt.step()
+        sched.step()
+        step += 1
+        record = {"step": step, "split": "train", "loss": loss.item(), "lr": lr, "grad_norm": norm.item(),
+                  "tokens_per_s": tokens(batch) / (time.perf_counter() - t0), "epoch": position[0], **normalise(m)}
+        _log(metrics_path, record)
+        bar.update(1)
+        bar.set_postfix(loss=f"{record['loss']:.3f}", acc0=f"{first_accuracy(draft.kind, record):.2f}")
+        if step % s.eval_every == 0 or step == s.steps:
+            _log(metrics_path, {"step": step, "split": "eval", "lr": lr, **evaluate(draft, eval_packs, s.eval_packs)})
+        if step % s.checkpoint_every == 0 or step == end:
+            ckpt.save(run_dir, draft, step, opt, sched, train_packs.position(step), hp, s.keep_checkpoints)
+    bar.close()
+    if step >= s.steps:
+        ckpt.write_final(run_dir, draft)
+    return run_dir
+
+
+def first_accuracy(kind: str, record: dict) -> float:
+    """Share of supervised positions where the draft's first proposal is the verifier's argmax."""
+    return float(record.get("full_acc_0" if kind == "eagle3" else "position_1_acc", math.nan))
+
+
+def position_accuracies(kind: str, record: dict) -> dict[int, float]:
+    """Accuracy per drafted position, 1-based: EAGLE-3's TTT steps, DFlash's block positions."""
+    if kind == "eagle3":
+        return {int(k.split("_")[2]) + 1: v for k, v in record.items() if k.startswith("full_acc_")}
+    return {int(k.split("_")[1]): v for k, v in record.items() if k.startswith("position_") and k.endswith("_acc")}
+
+
+def summary(kind: str, records: list[dict]) -> dict:
+    """The last evaluation of a run, its first-position accuracy, and the median training speed."""
+    import statistics
+
+    last = [r for r in records if r["split"] == "eval"][-1]
+    speed = statistics.median(r["tokens_per_s"] for r in records if r["split"] == "train")
+    return {"steps": last["step"], "eval loss": last["loss"], "eval first-position accuracy": first_accuracy(kind, last),
+            "train tokens/s (median)": speed}
+
+
+@torch.no_grad()
+def check_reload(draft, path: Path, data: Path, pack_len: int) -> dict:
+    """Reload a checkpoint through speculators and compare its outputs with the draft's on one held-out pack."""
+    from draftlab.draft import reload
+
+    batch = next(Packs(draft, open_split(draft, Path(data) / "eval", pack_len), pack_len, 0).all())
+    again = reload(path, draft)
+    draft.model.eval(), again.model.eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        t1, l1, m1 = draft.forward(batch)
+        torch.manual_seed(0)
+        t2, l2, m2 = again.forward(batch)
+    tokens_same = t1 is None and t2 is None or all(torch.equal(a, b) for a, b in zip(t1, t2, strict=True))  # DFlash returns None
+    same = l1.item() == l2.item() and tokens_same and all(torch.equal(m1[k], m2[k]) for k in m1)
+    return {"loss": l1.item(), "reloaded loss": l2.item(), "identical outputs": same}

@@ -1,0 +1,102 @@
+"""Batches for training, through speculators' own data pipeline, in an order a resume can replay.
+
+Rows come from speculators' `ArrowDataset` (stage-01 folders), are grouped into packs of at most
+`pack_len` tokens by its `MultipackDistributedBatchSamplerV2` (one replica) and packed by its
+`CollateFn`; EAGLE-3 gets speculators' `shift_batch`, as `speculators train` applies it. The
+sampler's order is a pure function of (seed, epoch), so the batch of global step *s* is found by
+walking the epochs' batch counts: a resume needs only the step number, no iterator state.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from draftlab import DraftlabError, manifest
+from draftlab import draft_checks as checks
+
+
+def open_split(draft, folder: Path, pack_len: int):
+    """speculators' ArrowDataset for one stage-01 split, after checking it belongs to this draft."""
+    from speculators.train.data import ArrowDataset
+
+    folder = Path(folder)
+    man = manifest.read(folder)
+    if man is None:
+        raise DraftlabError(f"{folder} has no manifest.json; run stage 01 (notebook 01) to write data/runs/<dataset_name>/{folder.name}.")
+    v = draft.verifier
+    for key, want in (("verifier_fingerprint", v.fingerprint), ("hidden_size", v.hidden_size), ("layer_ids", list(draft.model.target_layer_ids))):
+        if man.get(key) != want:
+            raise DraftlabError(
+                f"{folder} does not match the draft: manifest field {key!r} is {man.get(key)!r} there but {want!r} for the draft "
+                f"(verifier {v.path}); train on data extracted from this verifier, or build the draft from {man.get('verifier_path')!r}."
+            )
+    if not man.get("complete", True):
+        raise DraftlabError(f"{folder}: stage-01 extraction did not finish (manifest complete=false); re-run notebook 01, it resumes.")
+    state = folder / "state.json"
+    if state.exists() and not json.loads(state.read_text()).get("_data_files"):
+        raise DraftlabError(f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code).")
+    ds = ArrowDataset(max_len=pack_len, datapath=str(folder), on_missing="raise", hidden_states_dtype=draft.dtype)
+    if len(ds) == 0:
+        raise DraftlabError(f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code).")
+    shortest = min(ds.approx_lengths)
+    if shortest > pack_len:
+        raise DraftlabError(
+            f"pack_len={pack_len} is shorter than every sample in {folder} (shortest {shortest} tokens): each pack would be one "
+            f"truncated row. Raise pack_len to at least {shortest}, or re-run stage 01 with max_length <= {pack_len}."
+        )
+    return ds
+
+
+class Packs:
+    """Packs of one split in speculators' order: `indices(step)` for training, `all()` for eval."""
+
+    def __init__(self, draft, ds, pack_len: int, seed: int):
+        from speculators.train.data import CollateFn
+        from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
+
+        self.ds, self.seed = ds, seed
+        self.length, self.why = checks.pack_length(pack_len, draft.kind, draft.attention)
+        self.sampler = MultipackDistributedBatchSamplerV2(self.length, ds.approx_lengths, num_replicas=1, rank=0, seed=seed)
+        preprocess = None
+        if draft.kind == "eagle3":
+            from speculators.models.eagle3.data import shift_batch as preprocess
+        n_layers = len(draft.model.target_layer_ids)
+        self.collate = CollateFn(self.length, draft.verifier.hidden_size, n_layers, draft.dtype, preprocess=preprocess)
+        self._epochs: dict[int, list] = {}
+
+    def epoch(self, epoch: int) -> list:
+        if epoch not in self._epochs:
+            self.sampler.set_epoch(epoch)
+            self._epochs[epoch] = list(self.sampler)
+        return self._epochs[epoch]
+
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, index within epoch) of the pack used by global step `step` (0-based)."""
+        epoch = 0
+        while step >= (n := len(self.epoch(epoch))):
+            step -= n
+            epoch += 1
+        return epoch, step
+
+    def batch(self, indices) -> dict:
+        return self.collate([self.ds[int(i)] for i in indices])
+
+    def at(self, step: int) -> tuple[dict, tuple[int, int]]:
+        epoch, k = self.position(step)
+        return self.batch(self.epoch(epoch)[k]), (epoch, k)
+
+    def all(self, limit: int | None = None):
+        """Every pack of epoch 0 (a fixed order, so evaluations are comparable), at most `limit`."""
+        for indices in self.epoch(0)[:limit]:
+            yield self.batch(indices)
+
+
+def tokens(batch: dict) -> int:
+    return int((batch["document_ids"] != -1).sum())
+
+
+def supervised(batch: dict) -> int:
+    return int(torch.as_tensor(batch["loss_mask"]).sum())

@@ -1,0 +1,169 @@
+"""Stage 04: training loop, exact resume, reloadable checkpoints, bad inputs, the multi-GPU command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from draftlab import DraftlabError
+from draftlab.draft import build_draft, reload
+from draftlab.train import Settings, final_checkpoint, read_metrics, train
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+IDS = [2, 4, 5]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: two intra-op threads spin against each other (10x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory, tiny):
+    """DRAFTLAB_HOME with data/runs/tiny/{train,eval} made the way notebook 01 makes them."""
+    from conftest import random_rows
+
+    from draftlab import dataset, extract, vocab
+
+    root = tmp_path_factory.mktemp("home")
+    run = root / "data" / "runs" / "tiny"
+    for split, lengths, seed in (("train", [40, 25, 33, 18, 50, 29, 44, 21, 36, 27], 0), ("eval", [30, 22, 41], 1)):
+        ds = dataset.save_split(random_rows(tiny.vocab_size, lengths, seed), tiny.tokenizer, run / split, max_length=64)
+        extract.extract(tiny, ds, run / split, IDS, progress=False)
+        if split == "train":
+            vocab.build_mapping(vocab.token_frequencies(ds, run / split), 64, tiny.vocab_size, run / split)
+    return root
+
+
+@pytest.fixture
+def data(home, monkeypatch):
+    monkeypatch.setenv("DRAFTLAB_HOME", str(home))
+    return home / "data" / "runs" / "tiny"
+
+
+def make(tiny, data, kind="eagle3", seed=0, **kw):
+    torch.manual_seed(seed)
+    extra = dict(num_layers=1, block_size=4) if kind == "dflash" else {}
+    return build_draft(kind, tiny, data / "train", **{**extra, **kw})
+
+
+S = dict(steps=20, learning_rate=3e-3, warmup_steps=3, pack_len=96, eval_every=10, checkpoint_every=10, n_anchors=8)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_twenty_steps_equal_ten_plus_resume_plus_ten(tiny, data, tmp_path, kind):
+    straight = train(make(tiny, data, kind), data, Settings(**S), tmp_path / "a", progress=False)
+    train(make(tiny, data, kind), data, Settings(**S), tmp_path / "b", stop_after=10, progress=False)
+    assert not (tmp_path / "b" / "final").exists()
+    resumed = train(make(tiny, data, kind, seed=123), data, Settings(**S), tmp_path / "b", resume=True, progress=False)
+    a, b = read_metrics(straight), read_metrics(resumed)
+    assert [(r["step"], r["split"]) for r in a] == [(r["step"], r["split"]) for r in b]
+    assert len([r for r in a if r["split"] == "train"]) == 20 and [r["step"] for r in a if r["split"] == "eval"] == [10, 20]
+    torch.testing.assert_close([r["loss"] for r in a], [r["loss"] for r in b], rtol=1e-5, atol=1e-6)
+    assert [r["lr"] for r in a] == [r["lr"] for r in b]
+    assert a[0]["loss"] > a[-2]["loss"], "training should lower the loss"
+
+
+def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data):
+    d = make(tiny, data)
+    run = train(d, data, Settings(**{**S, "steps": 6, "eval_every": 3, "checkpoint_every": 2}), progress=False)
+    assert run == data / "drafts" / "eagle3" and final_checkpoint("tiny", "eagle3") == run / "final"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4", "step-6"]  # the newest two are kept
+    assert {p.name for p in (run / "checkpoints" / "step-6").iterdir()} >= {"config.json", "model.safetensors", "trainer_state.pt"}
+    assert {"config.json", "model.safetensors"} <= {p.name for p in (run / "final").iterdir()}
+    assert not (run / "final" / "trainer_state.pt").exists()
+    assert json.loads((run / "final" / "config.json").read_text())["speculators_model_type"] == "eagle3"
+    rec = read_metrics(run)
+    train_rec = [r for r in rec if r["split"] == "train"]
+    assert {"step", "split", "loss", "lr", "tokens_per_s", "full_acc_0", "full_acc_2", "cond_acc_1"} <= set(train_rec[0])
+    assert train_rec[0]["lr"] == 0.0 and max(r["lr"] for r in train_rec) == pytest.approx(3e-3)  # warm-up then cosine
+    assert [r["step"] for r in rec if r["split"] == "eval"] == [3, 6]
+    from draftlab.train_data import Packs, open_split
+
+    batch = next(Packs(d, open_split(d, data / "eval", 96), 96, 0).all())
+    again = reload(final_checkpoint("tiny", "eagle3"), d)
+    d.model.eval(), again.model.eval()
+    with torch.no_grad():
+        (t1, l1, _), (t2, l2, _) = d.forward(batch), again.forward(batch)
+    assert l1 == l2 and all(torch.equal(x, y) for x, y in zip(t1, t2, strict=True))
+    assert all(torch.equal(t, again.model.state_dict()[k]) for k, t in d.model.state_dict().items())
+
+
+def test_data_of_another_verifier_is_refused(tiny, data, tmp_path):
+    from conftest import make_model
+
+    from draftlab.verifier import load_verifier
+
+    make_model(tiny.vocab_size, layers=6).save_pretrained(tmp_path / "other")
+    tiny.tokenizer.save_pretrained(tmp_path / "other")
+    other = load_verifier(tmp_path / "other", device="cpu", dtype="float32")
+    d = build_draft("eagle3", other, None, layer_ids=IDS)
+    with pytest.raises(DraftlabError, match="verifier_fingerprint"):
+        train(d, data, Settings(**S), tmp_path / "run", progress=False)
+
+
+def test_empty_dataset_is_refused(tiny, data, tmp_path):
+    from datasets import load_from_disk
+
+    for split in ("train", "eval"):
+        load_from_disk(str(data / split)).select([]).save_to_disk(str(tmp_path / split))
+        shutil.copy(data / split / "manifest.json", tmp_path / split)
+    with pytest.raises(DraftlabError, match="no rows"):
+        train(make(tiny, data), tmp_path, Settings(**S), tmp_path / "run", progress=False)
+
+
+def test_pack_shorter_than_every_sample_is_refused(tiny, data, tmp_path):
+    with pytest.raises(DraftlabError, match="shorter than every sample"):
+        train(make(tiny, data), data, Settings(**{**S, "pack_len": 8}), tmp_path / "run", progress=False)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tiny, data, tmp_path):
+    d = make(tiny, data)
+    forward, calls = d.forward, []
+
+    def poisoned(batch, **kw):
+        calls.append(1)
+        tokens, loss, m = forward(batch, **kw)
+        return tokens, loss * (float("inf") if len(calls) == 7 else 1.0), m
+
+    d.forward = poisoned
+    with pytest.raises(DraftlabError, match=r"at step 7: .*step-5"):
+        train(d, data, Settings(**{**S, "checkpoint_every": 5, "eval_every": 100}), tmp_path / "run", progress=False)
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step-5"]
+    assert not (tmp_path / "run" / "final").exists()
+    from safetensors.torch import load_file
+
+    assert all(torch.isfinite(t).all() for t in load_file(tmp_path / "run" / "checkpoints" / "step-5" / "model.safetensors").values() if t.is_floating_point())
+
+
+@pytest.mark.parametrize(("change", "field"), [(dict(num_layers=2), "num_layers"), (dict(settings=dict(ttt_steps=2)), "ttt_steps")])
+def test_resume_with_changed_parameters_is_refused_naming_the_field(tiny, data, tmp_path, change, field):
+    train(make(tiny, data), data, Settings(**S), tmp_path / "run", stop_after=2, progress=False)
+    settings = Settings(**{**S, **change.pop("settings", {})})
+    with pytest.raises(DraftlabError, match=f"{field}="):
+        train(make(tiny, data, **change), data, settings, tmp_path / "run", resume=True, progress=False)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_torchrun_command_parses_with_speculators_own_cli(tiny, data, kind):
+    from speculators.train.config import TrainConfig
+    from speculators.train.config.resolution import build_parser
+
+    from draftlab.launch import torchrun_command
+
+    s = Settings(**S)
+    cmd = torchrun_command(make(tiny, data, kind), data, s, nproc=4)
+    assert cmd[:5] == ["torchrun", "--standalone", "--nproc-per-node=4", "-m", "speculators.train"]
+    cfg = TrainConfig.resolve(cmd[5:])
+    assert cfg.speculator_type == kind and cfg.optimizer.optimizer == "adamw" and cfg.optimizer.lr == s.learning_rate
+    assert cfg.scheduler.scheduler_type == "cosine" and cfg.trainer.max_steps == s.steps and cfg.draft.target_layer_ids == IDS
+    assert (cfg.loss.ttt_steps == s.ttt_steps) if kind == "eagle3" else (cfg.dflash.block_size == 4 and cfg.data.max_anchors == 8)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*cmd[5:], "--ttt-stepz", "3"])
