@@ -156,7 +156,7 @@ def load_draft(path, verifier):
     `_attn_implementation` is not serialised; drafting with a KV cache uses sdpa (or eager), never flex."""
     from speculators import SpeculatorModel
 
-    from draftlab.draft import Draft, verify
+    from draftlab.draft import Draft, _train_config, head_view, verify
 
     path = Path(path)
     if not (path / "config.json").exists():
@@ -170,6 +170,12 @@ def load_draft(path, verifier):
     model = SpeculatorModel.from_pretrained(path, config=config).to(device=verifier.device, dtype=verifier.dtype).eval()
     if model.config.transformer_layer_config.hidden_size != verifier.hidden_size:
         raise DraftlabError(f"draft {path} has hidden size {model.config.transformer_layer_config.hidden_size}, the verifier {verifier.hidden_size}: it was trained for another verifier.")
-    draft = Draft(model, kind, verifier, None, {}, {"checkpoint": (str(path), "loaded")})
+    flat = {"loss_implementation": "eager", "target_layer_ids": model.target_layer_ids if kind == "eagle3" else None,
+            "draft_vocab_size": model.config.draft_vocab_size}
+    if kind == "eagle3":
+        flat["ttt_steps"] = model.config.speculators_config.proposal_methods[0].speculative_tokens
+    train_config = _train_config(kind, head_view(verifier), **{k: v for k, v in flat.items() if v is not None})
+    train_kwargs, _ = cls.get_trainer_kwargs(**train_config.flatten())
+    draft = Draft(model, kind, verifier, train_config, train_kwargs, {"checkpoint": (str(path), "loaded for drafting, sdpa")})
     verify(draft)
     return draft
