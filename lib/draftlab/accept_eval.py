@@ -59,7 +59,7 @@ def hardware(device) -> str:
     info = Path("/proc/cpuinfo")
     if info.exists():
         cpu = next((ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")), cpu)
-    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s), no GPU"
+    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)"
 
 
 def tau_from_alpha(alpha: list[float], k: int) -> float:
