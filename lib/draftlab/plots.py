@@ -223,6 +223,7 @@ def tau_vs_k(taus: dict[str, dict[int, float]], title: str, out_dir=None):
         ks = sorted(by_k)
         ax.plot(ks, [by_k[k] for k in ks], "o-", label=name)
     ax.axhline(1.0, color="k", lw=0.6, ls=":")
+    ax.set_xticks(sorted(set().union(*map(set, taus.values()))))
     ax.set_xlabel("draft length k (chain)")
     ax.set_ylabel("tau (tokens per verifier pass)")
     ax.set_title(title, fontsize=10)
