@@ -1,7 +1,7 @@
 """Online tau (tokens per verifier pass) on held-out prompts: the BENCHMARKS.md acceptance target.
 
 Greedy, chain of k, the stage-01 eval split of one dataset; every proposer available: the n-gram
-baseline always, EAGLE-3 when stage 04 saved `data/runs/<dataset>/drafts/eagle3/final/`.
+baseline always, EAGLE-3 / DFlash when stage 04 saved `data/runs/<dataset>/drafts/<kind>/final/`.
     python benchmarks/bench_accept.py --dataset smollm2-default --prompts 32 --k 5
     python benchmarks/bench_accept.py --dataset smollm2-gpu --device cuda --dtype bfloat16 --prompts 0
 """
@@ -16,7 +16,7 @@ import torch
 
 from draftlab import config
 from draftlab.accept_eval import hardware, load_spec_prompts, run_prompts, summarize
-from draftlab.proposers import Eagle3Proposer, NGramProposer, load_draft
+from draftlab.proposers import NGramProposer, load_draft, make_proposer
 from draftlab.verifier import load_verifier
 
 
@@ -35,9 +35,10 @@ def main():
     run_dir = config.data_dir() / "runs" / args.dataset
     prompts = load_spec_prompts(run_dir, v.tokenizer, "eval", args.prompts or None)
     proposers = {"ngram": NGramProposer(3)}
-    path = run_dir / "drafts" / "eagle3" / "final"
-    if (path / "config.json").exists():
-        proposers["eagle3"] = Eagle3Proposer(load_draft(path, v).model, v.vocab_size)
+    for kind in ("eagle3", "dflash"):
+        path = run_dir / "drafts" / kind / "final"
+        if (path / "config.json").exists():
+            proposers[kind] = make_proposer(load_draft(path, v), v.vocab_size)
     out = {"dataset": args.dataset, "prompts": len(prompts), "k": args.k, "topology": "chain", "temperature": 0.0,
            "max_new_tokens": args.max_new_tokens, "hardware": hardware(v.device), "results": {}}
     for name, prop in proposers.items():

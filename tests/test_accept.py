@@ -202,3 +202,44 @@ def test_ngram_proposes_the_continuation_of_the_latest_match():
 def test_load_draft_refuses_a_folder_without_a_checkpoint(tiny, tmp_path):
     with pytest.raises(DraftlabError, match="no draft checkpoint"):
         load_draft(tmp_path, tiny)
+
+
+@pytest.mark.parametrize("k", [2, 7])
+def test_greedy_with_dflash_is_the_verifiers_greedy_output(tiny, tmp_path, k):
+    """Untrained DFlash (block 4, so k=7 is capped at 3 per step): lossless, and reloaded via load_draft."""
+    from draftlab.draft import build_dflash
+    from draftlab.proposers import make_proposer
+
+    build_dflash(tiny, None, block_size=4, num_layers=1).model.save_pretrained(tmp_path)
+    d = load_draft(tmp_path, tiny)
+    for p in PROMPTS[:2]:
+        ids = tiny.tokenizer(p)["input_ids"]
+        g = accept.speculative_generate(tiny, make_proposer(d, tiny.vocab_size), ids, k, N_NEW)
+        assert g.tokens == _greedy(tiny, ids), p
+        assert max(s.drafted for s in g.steps) == min(k, 3)
+    s = accept.speculative_generate(tiny, make_proposer(d, tiny.vocab_size), ids, k, N_NEW, temperature=1.0, seed=3)
+    assert len(s.tokens) == N_NEW or s.tokens[-1] == tiny.tokenizer.eos_token_id
+
+
+def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path):
+    """The proposer's block equals speculators' training backbone with one anchor at the same position."""
+    from draftlab.draft import build_dflash
+    from draftlab.extract import hidden_states
+    from draftlab.proposers import DFlashProposer
+
+    model = build_dflash(tiny, None, block_size=4, num_layers=1).model.eval()
+    prompt = tiny.tokenizer(PROMPTS[2])["input_ids"]
+    seq = prompt + _greedy(tiny, prompt)
+    h = hidden_states(tiny, [seq], model.target_layer_ids)[0]
+    aux, a = h[:, :-1].flatten(1), len(prompt) + 2
+    loss_mask = torch.zeros(1, len(seq))
+    loss_mask[0, a] = 1
+    with torch.no_grad():
+        _, logits, *_ = model._backbone_forward(aux[None], torch.tensor([seq]), loss_mask, h[:, -1][None],
+                                                torch.zeros(1, len(seq), dtype=torch.long), max_anchors=1)
+    prop = DFlashProposer(model, tiny.vocab_size)
+    prop.reset(seq[: a + 1])
+    prop.update(aux[:a], a)
+    got = prop.propose(seq[: a + 1], 3, 0.0, None).tokens
+    want = logits[0, 1:4].argmax(-1)
+    assert got == (want + prop.d2t[want]).tolist()

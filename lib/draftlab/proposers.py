@@ -144,6 +144,55 @@ class Eagle3Proposer(Proposer):
         self.pending = torch.cat([self.pending, aux[:n_kept].to(self.device, self.pending.dtype)])
 
 
+class DFlashProposer(Proposer):
+    """DFlash block drafting, as speculators trains it: one block [anchor, mask, ..., mask] at positions
+    anchor..anchor+B-1, where the anchor is the last committed token; its queries attend (non-causally)
+    the fc-projected verifier aux states of every position before the anchor and the block itself.
+    Slot i predicts the token at anchor+i, so slots 1..k are the draft, all from one draft pass.
+    No draft KV cache: the committed context is kept projected and re-attended each step (nothing
+    speculative is stored, so nothing to roll back); at most B-1 tokens per step."""
+
+    def __init__(self, model, target_vocab: int):
+        self.model, self.target_vocab = model, target_vocab
+        self.name, self.layer_ids = "dflash", list(model.target_layer_ids)
+        self.device = model.fc.weight.device
+        n = model.lm_head.weight.shape[0]
+        self.d2t = model.d2t.to(self.device) if model.d2t is not None else torch.zeros(n, dtype=torch.long, device=self.device)
+
+    def reset(self, prompt_ids):
+        self.ctx = torch.empty(0, self.model.config.transformer_layer_config.hidden_size, device=self.device, dtype=self.model.fc.weight.dtype)
+
+    def update(self, aux, n_kept):
+        self.ctx = torch.cat([self.ctx, self.model.hidden_norm(self.model.fc(aux[:n_kept].to(self.device, self.ctx.dtype)))])
+
+    @torch.no_grad()
+    def propose(self, ids, k, temperature, generator):
+        m, n, size = self.model, len(ids) - 1, self.model.block_size
+        if len(self.ctx) != n:
+            raise DraftlabError(f"DFlash proposer out of step: {len(self.ctx)} context states for {len(ids)} tokens; call reset(prompt) first.")
+        block = torch.tensor([[ids[-1]] + [m.mask_token_id] * (size - 1)], device=self.device)
+        h = m.embed_tokens(block)
+        pos = torch.arange(n + size, device=self.device)[None]  # context 0..n-1, block n..n+B-1
+        emb = m.rotary_emb(h, pos)
+        mask = torch.zeros(1, 1, size, n + size, device=self.device, dtype=h.dtype)
+        for layer in m.layers:
+            h = layer(target_hidden=self.ctx[None], hidden_states=h, attention_mask=mask, position_ids=pos, position_embeddings=emb)
+        logits = m.lm_head(m.norm(h))[0, 1 : 1 + min(k, size - 1)].float()
+        if temperature == 0:
+            idx = logits.argmax(-1)
+            return Proposal((idx + self.d2t[idx]).tolist())
+        q = torch.softmax(logits / temperature, -1)  # block slots are drawn independently
+        idx = torch.multinomial(q, 1, generator=generator)[:, 0]
+        full = torch.zeros(len(q), self.target_vocab, device=q.device)
+        full[:, torch.arange(q.shape[1], device=q.device) + self.d2t] = q
+        return Proposal((idx + self.d2t[idx]).tolist(), full)
+
+
+def make_proposer(draft, target_vocab: int) -> Proposer:
+    """The proposer for a loaded draft (`load_draft`), by its kind."""
+    return {"eagle3": Eagle3Proposer, "dflash": DFlashProposer}[draft.kind](draft.model, target_vocab)
+
+
 def crop(cache, keep: int) -> None:
     """Roll a DynamicCache back to its first `keep` positions (transformers 5: a negative count removes)."""
     extra = cache.get_seq_length() - keep
