@@ -1,0 +1,99 @@
+"""Acceptance over a prompt set: held-out prompts from stage 01, runs, metrics per set, the offline estimate.
+
+Online numbers come from `accept.speculative_generate`; the offline estimate is the teacher-forced
+acceptance speculators measures in training (`cond_acc_n`: position n right given positions
+before it were right) on the held-out stage-01 data, turned into an expected tau.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from draftlab import DraftlabError
+from draftlab.accept import Generation, metrics, speculative_generate
+
+
+def load_spec_prompts(run_dir: Path, tokenizer, split: str = "eval", n: int | None = None) -> list[dict]:
+    """Prompts of one stage-01 split (from responses.jsonl) as chat-template ids, chat and code interleaved."""
+    from draftlab.prompts import _chat_ids
+
+    path = Path(run_dir) / "responses.jsonl"
+    if not path.exists():
+        raise DraftlabError(f"{path} is missing: run notebook 01 for this dataset_name first.")
+    rows = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["split"] == split]
+    if not rows:
+        raise DraftlabError(f"{path} holds no {split!r} prompts; raise n_chat/n_code or eval_fraction in notebook 01.")
+    by_source = {s: [r for r in rows if r["source"] == s] for s in sorted({r["source"] for r in rows})}
+    mixed = [r for group in zip(*by_source.values(), strict=False) for r in group]
+    mixed += [r for r in rows if r not in mixed]
+    return [{**r, "ids": _chat_ids(tokenizer, r["text"])} for r in mixed[:n]]
+
+
+def run_prompts(verifier, proposer, prompts: list[dict], k: int, max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> list[Generation]:
+    gens = []
+    for i, p in enumerate(prompts):
+        g = speculative_generate(verifier, proposer, p["ids"], k, max_new_tokens, temperature, seed + i)
+        g.settings.update(prompt_id=p["id"], source=p["source"])
+        gens.append(g)
+    return gens
+
+
+def summarize(gens: list[Generation], k: int) -> dict:
+    """Metrics over all generations and per prompt source (chat, code)."""
+    out = {"all": metrics([s for g in gens for s in g.steps], k)}
+    for src in sorted({g.settings["source"] for g in gens}):
+        out[src] = metrics([s for g in gens if g.settings["source"] == src for s in g.steps], k)
+    return out
+
+
+def hardware(device) -> str:
+    if str(device).startswith("cuda"):
+        return f"{torch.cuda.get_device_name(0)} (cuda)"
+    cpu = platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        cpu = next((ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")), cpu)
+    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)"
+
+
+def tau_from_alpha(alpha: list[float], k: int) -> float:
+    """Expected tokens per verifier pass for a chain of k: 1 + sum_n prod_{j<=n} alpha_j."""
+    tau, run = 1.0, 1.0
+    for a in alpha[:k]:
+        run *= a
+        tau += run
+    return tau
+
+
+@torch.no_grad()
+def offline_alpha(draft, data_dir: Path, max_rows: int = 64) -> list[float]:
+    """Teacher-forced conditional acceptance per position (speculators' cond_acc_n) on stage-01 data,
+    one row per forward, shifted as `speculators train` shifts EAGLE-3 data (`shift_batch`)."""
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.data import ArrowDataset, CollateFn
+
+    from draftlab import manifest
+
+    if draft.kind != "eagle3":
+        raise DraftlabError(f"offline estimate for {draft.kind} is not wired yet; only eagle3.")
+    man = manifest.read(data_dir)
+    if man is None or list(man["layer_ids"]) != list(draft.model.target_layer_ids):
+        raise DraftlabError(f"{data_dir}: layer ids {man and man['layer_ids']} differ from the draft's {draft.model.target_layer_ids}; use the stage-01 data the draft was trained on.")
+    v = draft.verifier
+    ds = ArrowDataset(max_len=1 << 20, datapath=data_dir, on_missing="raise", hidden_states_dtype=v.dtype)
+    sums: dict[str, float] = {}
+    for i in range(min(len(ds), max_rows)):
+        row = ds[i]
+        n = len(row["input_ids"]) - 1
+        collate = CollateFn(n, v.hidden_size, num_target_layers=len(man["layer_ids"]), dtype=v.dtype, preprocess=shift_batch)
+        _, _, m = draft.forward(collate([row]))
+        for key, val in m.items():
+            sums[key] = sums.get(key, 0.0) + float(val)
+    steps = sorted(int(k.split("_")[2]) for k in sums if k.startswith("cond_acc_") and k.endswith("_sum"))
+    return [sums[f"cond_acc_{s}_sum"] / max(sums[f"cond_acc_{s}_total"], 1.0) for s in steps]

@@ -1,0 +1,245 @@
+"""Stage 05: speculative decoding is lossless (greedy), exact in distribution (sampling), and measured right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftlab import DraftlabError, accept
+from draftlab.proposers import Eagle3Proposer, NGramProposer, Proposal, load_draft
+
+PROMPTS = ["hello how are you today", "def add(a, b): return a + b", "the quick brown fox jumps", "for i in range(10):"]
+N_NEW = 24
+
+
+_REF: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models decode one token at a time: on a shared 2-core machine one thread is ~10x faster."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _greedy(v, prompt, n=N_NEW):
+    """The verifier's own greedy continuation (HF generate), cut after eos; cached per prompt."""
+    key = (id(v), tuple(prompt), n)
+    if key not in _REF:
+        _REF[key] = _generate(v, prompt, n)
+    return _REF[key]
+
+
+def _generate(v, prompt, n):
+    x = torch.tensor([prompt])
+    out = v.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                           eos_token_id=v.tokenizer.eos_token_id, pad_token_id=v.tokenizer.pad_token_id)[0, len(prompt):].tolist()
+    eos = v.tokenizer.eos_token_id
+    return out[: out.index(eos) + 1] if eos in out else out
+
+
+def _train_briefly(d, v, steps=60, seed=0):
+    """A few quick EAGLE-3 steps on the tiny verifier's own greedy text, for non-trivial acceptance."""
+    from draftlab.extract import hidden_states
+
+    torch.manual_seed(seed)
+    tok = v.tokenizer
+    seqs = [tok(p)["input_ids"] + _greedy(v, tok(p)["input_ids"], 48) for p in PROMPTS]
+    hs = hidden_states(v, seqs, d.model.target_layer_ids)
+    opt = torch.optim.AdamW([p for p in d.model.parameters() if p.requires_grad], lr=3e-3)
+    d.model.train()
+    for i in range(steps):
+        s, h = seqs[i % len(seqs)], hs[i % len(seqs)]
+        n = len(s) - 1  # speculators' shift_batch: token t+1 with the states of position t
+        batch = {"input_ids": torch.tensor([s[1:]]), "hidden_states": h[:-1, :-1].flatten(1)[None], "verifier_last_hidden_states": h[1:, -1][None],
+                 "loss_mask": torch.ones(1, n), "document_ids": torch.zeros(1, n, dtype=torch.long), "position_ids": torch.arange(1, n + 1)[None]}
+        _, loss, _ = d.model(**batch, **d.train_kwargs)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    d.model.eval()
+    return d
+
+
+@pytest.fixture(scope="module")
+def eagle_path(tiny, tmp_path_factory):
+    from draftlab.draft import build_eagle3
+
+    d = _train_briefly(build_eagle3(tiny, None), tiny)
+    path = tmp_path_factory.mktemp("eagle3") / "final"
+    d.model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def eagle(tiny, eagle_path):
+    return load_draft(eagle_path, tiny)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_with_ngram_is_the_verifiers_greedy_output(tiny, k):
+    for p in PROMPTS:
+        ids = tiny.tokenizer(p)["input_ids"]
+        g = accept.speculative_generate(tiny, NGramProposer(), ids, k, N_NEW)
+        assert g.tokens == _greedy(tiny, ids), p
+        assert len(g.tokens) == len(g.labels) == 1 + sum(s.accepted + 1 for s in g.steps)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_with_eagle3_is_the_verifiers_greedy_output_and_accepts(tiny, eagle, k):
+    accepted = 0
+    for p in PROMPTS:
+        ids = tiny.tokenizer(p)["input_ids"]
+        g = accept.speculative_generate(tiny, Eagle3Proposer(eagle.model, tiny.vocab_size), ids, k, N_NEW)
+        assert g.tokens == _greedy(tiny, ids), p
+        accepted += sum(s.accepted for s in g.steps)
+    assert accepted > 0, "the briefly trained draft should get some tokens accepted"
+
+
+def test_eagle3_proposals_match_speculators_teacher_forced_forward(tiny, eagle):
+    """The proposer's cached chain equals speculators' own forward: step 0 everywhere, step 1 where
+    the first draft was right (then the TTT step's teacher-forced token is the drafted one)."""
+    from draftlab.extract import hidden_states
+
+    ids = tiny.tokenizer(PROMPTS[0])["input_ids"]
+    prop = Eagle3Proposer(eagle.model, tiny.vocab_size)
+    seen = []
+    orig = prop.propose
+    prop.propose = lambda c, k, t, g: seen.append((len(c), orig(c, k, t, g))) or seen[-1][1]
+    g = accept.speculative_generate(tiny, prop, ids, 2, N_NEW)
+    seq = ids + g.tokens
+    h = hidden_states(tiny, [seq], eagle.model.target_layer_ids)[0]
+    n = len(seq) - 1
+    with torch.no_grad():
+        steps = eagle.model(h[:-1, :-1].flatten(1)[None], torch.tensor([seq[1:]]), torch.zeros(1, n, dtype=torch.long),
+                            position_ids=torch.arange(1, n + 1)[None], ttt_steps=2)
+    d2t = prop.d2t
+    checked = 0
+    for m, p in seen:
+        assert p.tokens[0] == int(steps[0][0, m - 2] + d2t[steps[0][0, m - 2]])
+        if len(p.tokens) > 1 and seq[m] == p.tokens[0]:
+            assert p.tokens[1] == int(steps[1][0, m - 2] + d2t[steps[1][0, m - 2]])
+            checked += 1
+    assert checked > 0
+
+
+def _tv(counts, p):
+    return 0.5 * (counts / counts.sum() - p).abs().sum().item()
+
+
+def _first_token_counts(p, prop, n, sampler):
+    """Counts of the first emitted token over n seeds; with a draft q the first draft is drawn from
+    q[0] in every trial (the guarantee is over drafting and verifying together)."""
+    counts = torch.zeros(p.shape[-1])
+    for seed in range(n):
+        gen = torch.Generator().manual_seed(seed)
+        first = int(torch.multinomial(prop.q[0], 1, generator=gen)) if prop.q is not None else prop.tokens[0]
+        trial = Proposal([first, *prop.tokens[1:]], prop.q)
+        a, bonus = sampler(p, trial, gen)
+        counts[first if a > 0 else bonus] += 1
+    return counts
+
+
+def _always_accept(p, prop, gen):
+    return len(prop.tokens), int(torch.multinomial(p[-1], 1, generator=gen))
+
+
+N_SAMPLES, TV_BOUND = 3000, 0.05  # TV noise over 8 outcomes at 3000 samples is about 0.02
+
+
+def test_sampling_verification_reproduces_the_verifier_distribution_and_a_broken_sampler_does_not():
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(4, 8, generator=g) * 1.5, -1)
+    q = torch.softmax(torch.randn(3, 8, generator=g) * 1.5, -1)
+    drafted = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(3)]
+    prop = Proposal(drafted, q)
+    assert _tv(_first_token_counts(p, prop, N_SAMPLES, accept.verify_sampled), p[0]) < TV_BOUND
+    assert _tv(_first_token_counts(p, prop, N_SAMPLES, _always_accept), p[0]) > TV_BOUND
+    point = Proposal(drafted)  # deterministic proposer: q is a point mass on the draft
+    assert _tv(_first_token_counts(p, point, N_SAMPLES, accept.verify_sampled), p[0]) < TV_BOUND
+
+
+def test_sampling_verification_with_the_tiny_verifier_and_eagle3_draft(tiny, eagle):
+    """Real p and q: the first token of a speculative step follows the verifier's softmax (top 7 + rest)."""
+    ids = tiny.tokenizer(PROMPTS[1])["input_ids"]
+    drafter = Eagle3Proposer(eagle.model, tiny.vocab_size)
+    drafter.reset(ids)
+    run = accept.Verifier1Pass(tiny, drafter.layer_ids)
+    _, aux = run(ids[:-1])
+    drafter.update(aux, len(ids) - 1)
+    temp = 0.05  # sharp enough that the draft and the verifier disagree visibly
+    prop = drafter.propose(ids, 3, temp, torch.Generator().manual_seed(0))
+    logits, _ = run([ids[-1], *prop.tokens])
+    # vocab-restricted: the verifier's 8 likeliest tokens, both distributions renormalised on them
+    keep = logits[0].topk(8).indices
+    p = accept.probs(logits[:, keep], temp)
+    q = prop.q[:, keep] + 1e-4
+    prop = Proposal([0, 1, 2], q / q.sum(-1, keepdim=True))
+    assert _tv(_first_token_counts(p, prop, N_SAMPLES, accept.verify_sampled), p[0]) < TV_BOUND
+    assert _tv(_first_token_counts(p, prop, N_SAMPLES, _always_accept), p[0]) > TV_BOUND
+
+
+def test_metrics_on_hand_made_steps():
+    S = accept.Step
+    steps = [S(3, 3, 0), S(3, 0, 0, 9), S(3, 1, 0, 9), S(2, 2, 0), S(0, 0, 0)]
+    m = accept.metrics(steps, 3)
+    assert m["tau"] == pytest.approx((3 + 0 + 1 + 2 + 0 + 5) / 5)
+    assert m["acceptance_rate"] == pytest.approx(6 / 11)
+    # alpha_1: 3 of 4 steps that drafted position 1; alpha_2: 2 of 3 that reached it; alpha_3: 1 of 1
+    assert m["alpha_n"] == pytest.approx([3 / 4, 2 / 3, 1.0])
+    assert m["accepted_hist"] == [2, 1, 1, 1]
+    with pytest.raises(DraftlabError, match="no decode steps"):
+        accept.metrics([], 3)
+
+
+def test_ngram_proposes_the_continuation_of_the_latest_match():
+    assert NGramProposer(3).propose([1, 2, 3, 4, 1, 2, 3, 5, 1, 2], 2, 0.0, None).tokens == [3, 5]
+    assert NGramProposer(3).propose([1, 2, 3], 2, 0.0, None).tokens == []
+
+
+def test_load_draft_refuses_a_folder_without_a_checkpoint(tiny, tmp_path):
+    with pytest.raises(DraftlabError, match="no draft checkpoint"):
+        load_draft(tmp_path, tiny)
+
+
+@pytest.mark.parametrize("k", [2, 7])
+def test_greedy_with_dflash_is_the_verifiers_greedy_output(tiny, tmp_path, k):
+    """Untrained DFlash (block 4, so k=7 is capped at 3 per step): lossless, and reloaded via load_draft."""
+    from draftlab.draft import build_dflash
+    from draftlab.proposers import make_proposer
+
+    build_dflash(tiny, None, block_size=4, num_layers=1).model.save_pretrained(tmp_path)
+    d = load_draft(tmp_path, tiny)
+    for p in PROMPTS[:2]:
+        ids = tiny.tokenizer(p)["input_ids"]
+        g = accept.speculative_generate(tiny, make_proposer(d, tiny.vocab_size), ids, k, N_NEW)
+        assert g.tokens == _greedy(tiny, ids), p
+        assert max(s.drafted for s in g.steps) == min(k, 3)
+    s = accept.speculative_generate(tiny, make_proposer(d, tiny.vocab_size), ids, k, N_NEW, temperature=1.0, seed=3)
+    assert len(s.tokens) == N_NEW or s.tokens[-1] == tiny.tokenizer.eos_token_id
+
+
+def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path):
+    """The proposer's block equals speculators' training backbone with one anchor at the same position."""
+    from draftlab.draft import build_dflash
+    from draftlab.extract import hidden_states
+    from draftlab.proposers import DFlashProposer
+
+    model = build_dflash(tiny, None, block_size=4, num_layers=1).model.eval()
+    prompt = tiny.tokenizer(PROMPTS[2])["input_ids"]
+    seq = prompt + _greedy(tiny, prompt)
+    h = hidden_states(tiny, [seq], model.target_layer_ids)[0]
+    aux, a = h[:, :-1].flatten(1), len(prompt) + 2
+    loss_mask = torch.zeros(1, len(seq))
+    loss_mask[0, a] = 1
+    with torch.no_grad():
+        _, logits, *_ = model._backbone_forward(aux[None], torch.tensor([seq]), loss_mask, h[:, -1][None],
+                                                torch.zeros(1, len(seq), dtype=torch.long), max_anchors=1)
+    prop = DFlashProposer(model, tiny.vocab_size)
+    prop.reset(seq[: a + 1])
+    prop.update(aux[:a], a)
+    got = prop.propose(seq[: a + 1], 3, 0.0, None).tokens
+    want = logits[0, 1:4].argmax(-1)
+    assert got == (want + prop.d2t[want]).tolist()
