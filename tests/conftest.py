@@ -43,6 +43,15 @@ def make_model(vocab_size: int, layers: int = 8, seed: int = 0):
     return LlamaForCausalLM(cfg).eval()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on a shared 2-core machine: two intra-op threads spin against each other (~10x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_verifier")

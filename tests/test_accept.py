@@ -13,15 +13,7 @@ N_NEW = 24
 
 
 _REF: dict = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models decode one token at a time: on a shared 2-core machine one thread is ~10x faster."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _greedy(v, prompt, n=N_NEW):

@@ -12,17 +12,8 @@ from draftlab import DraftlabError
 from draftlab.draft import build_draft, reload
 from draftlab.train import Settings, final_checkpoint, read_metrics, train
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 IDS = [2, 4, 5]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: two intra-op threads spin against each other (10x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
