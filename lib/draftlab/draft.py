@@ -217,15 +217,19 @@ def build_dflash(verifier="smollm2", data=None, **kw) -> Draft:
     return build_draft("dflash", verifier, data, **kw)
 
 
+def load_model(path: Path, cls, attention: str, device, dtype) -> torch.nn.Module:
+    """A saved speculators draft of class `cls`; `_attn_implementation` is not serialised, so it is set again."""
+    from speculators import SpeculatorModel
+
+    config = cls.config_class.from_pretrained(path)
+    config.transformer_layer_config._attn_implementation = attention
+    return SpeculatorModel.from_pretrained(path, config=config).to(device=device, dtype=dtype)
+
+
 def reload(path: Path, like: Draft) -> Draft:
     """Load a saved draft through speculators (`SpeculatorModel.from_pretrained`) and check it.
     HF configs do not serialise `_attn_implementation`, so it is set again, as `speculators train` does."""
-    from speculators import SpeculatorModel
-
-    cls = type(like.model)
-    config = cls.config_class.from_pretrained(path)
-    config.transformer_layer_config._attn_implementation = like.attention
-    model = SpeculatorModel.from_pretrained(path, config=config).to(device=like.verifier.device, dtype=like.dtype)
+    model = load_model(path, type(like.model), like.attention, like.verifier.device, like.dtype)
     draft = Draft(model, like.kind, like.verifier, like.train_config, like.train_kwargs, dict(like.choices))
     verify(draft)
     return draft

@@ -205,7 +205,7 @@ def load_draft(path, verifier):
     `_attn_implementation` is not serialised; drafting with a KV cache uses sdpa (or eager), never flex."""
     from speculators import SpeculatorModel
 
-    from draftlab.draft import Draft, _train_config, head_view, verify
+    from draftlab.draft import Draft, _train_config, head_view, load_model, verify
 
     path = Path(path)
     if not (path / "config.json").exists():
@@ -214,9 +214,8 @@ def load_draft(path, verifier):
     if kind not in ("eagle3", "dflash"):
         raise DraftlabError(f"{path}/config.json is a {kind!r} speculator; draftlab drafts with eagle3 or dflash.")
     cls = SpeculatorModel.registry[kind]
-    config = cls.config_class.from_pretrained(path)
-    config.transformer_layer_config._attn_implementation = "eager" if str(verifier.device) == "mps" else "sdpa"
-    model = SpeculatorModel.from_pretrained(path, config=config).to(device=verifier.device, dtype=verifier.dtype).eval()
+    attention = "eager" if str(verifier.device) == "mps" else "sdpa"
+    model = load_model(path, cls, attention, verifier.device, verifier.dtype).eval()
     if model.config.transformer_layer_config.hidden_size != verifier.hidden_size:
         raise DraftlabError(f"draft {path} has hidden size {model.config.transformer_layer_config.hidden_size}, the verifier {verifier.hidden_size}: it was trained for another verifier.")
     flat = {"loss_implementation": "eager", "target_layer_ids": model.target_layer_ids if kind == "eagle3" else None,
