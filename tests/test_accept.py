@@ -235,3 +235,36 @@ def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path)
     got = prop.propose(seq[: a + 1], 3, 0.0, None).tokens
     want = logits[0, 1:4].argmax(-1)
     assert got == (want + prop.d2t[want]).tolist()
+
+
+def test_greedy_agreement_accepts_identical_output_and_refuses_a_clear_divergence(tiny):
+    from draftlab.accept_eval import greedy_agreement
+
+    ids = tiny.tokenizer(PROMPTS[0])["input_ids"]
+    ref = _greedy(tiny, ids)
+    got = accept.speculative_generate(tiny, NGramProposer(), ids, 3, N_NEW).tokens
+    assert greedy_agreement(tiny, ids, got, ref)["lossless"]
+    # swap in the verifier's least likely token at position 2: a real divergence, far beyond float32 rounding
+    logits = tiny.model(torch.tensor([ids + ref[:2]])).logits[0, -1]
+    bad = greedy_agreement(tiny, ids, ref[:2] + [int(logits.argmin())] + ref[3:], ref)
+    assert not bad["lossless"] and bad["first divergence"] == 2 and bad["logit gap"] > bad["tolerance"] > 0
+    assert not greedy_agreement(tiny, ids, got[:2], ref)["lossless"], "a cut-short output is not the verifier's output"
+
+
+def test_bfloat16_verifier_and_draft_decode_losslessly(tiny, tiny_dir, eagle_path, tmp_path):
+    """The GPU profile's dtype, on CPU: every proposer runs in bf16 and stays lossless (up to near-ties)."""
+    from draftlab.accept_eval import greedy_agreement
+    from draftlab.draft import build_dflash
+    from draftlab.proposers import make_proposer
+    from draftlab.verifier import load_verifier
+
+    build_dflash(tiny, None, block_size=4, num_layers=1).model.save_pretrained(tmp_path)
+    v16 = load_verifier(tiny_dir, device="cpu", dtype="bfloat16")
+    drafts = [load_draft(eagle_path, v16), load_draft(tmp_path, v16)]
+    assert {d.dtype for d in drafts} == {torch.bfloat16}
+    for p in PROMPTS[:2]:
+        ids = v16.tokenizer(p)["input_ids"]
+        ref = _generate(v16, ids, N_NEW)
+        for prop in (NGramProposer(), *(make_proposer(d, v16.vocab_size) for d in drafts)):
+            got = accept.speculative_generate(v16, prop, ids, 4, N_NEW).tokens
+            assert greedy_agreement(v16, ids, got, ref)["lossless"], (p, type(prop).__name__)

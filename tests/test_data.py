@@ -80,6 +80,25 @@ def test_generation_resumes_and_refuses_other_settings(tiny, tmp_path):
         generate_responses(tiny, ps, path, max_new_tokens=7)
 
 
+def test_sampled_answers_add_train_rows_only_and_are_resumable(tiny, tmp_path):
+    from draftlab.prompts import sample_responses
+
+    ps = load_prompts(5, 2, 0.3)
+    train = [p for p in ps if p.split == "train"]
+    greedy = generate_responses(tiny, ps, tmp_path / "responses.jsonl", max_new_tokens=6, batch_size=4)
+    extra = sample_responses(tiny, train, tmp_path, 2, 1.0, max_new_tokens=6, batch_size=4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["responses-sampled-0.jsonl", "responses-sampled-1.jsonl", "responses.jsonl"]
+    assert set(extra) == {p.id for p in train} and all(len(v) == 2 for v in extra.values())
+    assert any(extra[p.id][0] != greedy[p.id] for p in train), "sampling at T=1 should change some answers"
+    assert sample_responses(tiny, train, tmp_path, 2, 1.0, max_new_tokens=6, batch_size=4) == extra  # read back, not regenerated
+    rows, stats = build_rows(tiny.tokenizer, ps, greedy, 256, extra=extra)
+    plain, base = build_rows(tiny.tokenizer, ps, greedy, 256)
+    assert stats["train"].rows == 3 * base["train"].rows and stats["eval"].rows == base["eval"].rows
+    assert rows["eval"] == plain["eval"]
+    with pytest.raises(DraftlabError, match="sample_temperature"):
+        sample_responses(tiny, train, tmp_path, 1, 0.0)
+
+
 def test_vocab_mapping_is_speculators_and_saved_where_its_cli_looks(tiny, tmp_path):
     rows = {"input_ids": [[5, 6, 6, 7, 7, 7, 9], [7, 8, 8, 8, 8, 9, 9]], "loss_mask": [[0, 1, 1, 1, 1, 1, 1], [1] * 7]}
     ds = save_split(rows, tiny.tokenizer, tmp_path, 64)

@@ -10,7 +10,7 @@ import torch
 from draftlab import DraftlabError
 from draftlab import draft_checks as checks
 from draftlab.attention import FLEX
-from draftlab.draft import build_dflash, build_draft, build_eagle3, parameter_table, reload, verify
+from draftlab.draft import build_dflash, build_draft, build_eagle3, parameter_table, reload, reload_check, verify
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 KW = dict(device="cpu", dtype="float32")
@@ -122,6 +122,19 @@ def test_forward_on_a_packed_batch_gives_a_loss_and_round_trip_is_identical(tiny
         assert torch.equal(out[1], out2[1])
         for k, t in d.model.state_dict().items():
             assert torch.equal(t, again.model.state_dict()[k]), k
+        r = reload_check(d, tmp_path / d.kind, batch)
+        assert r["identical tensors"] and r["identical outputs"] and r["loss"] == r["reloaded loss"]
+
+
+def test_reload_check_catches_a_checkpoint_that_differs(tiny, eagle, data_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    eagle.model.save_pretrained(tmp_path)
+    w = load_file(tmp_path / "model.safetensors")
+    w["fc.weight"] = w["fc.weight"] + 0.5
+    save_file(w, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    r = reload_check(eagle, tmp_path, packed(tiny, data_dir))
+    assert not r["identical tensors"] and not r["identical outputs"] and r["loss"] != r["reloaded loss"]
 
 
 def test_dtype_mismatch_is_a_clear_error_or_a_documented_cast(tiny, eagle, data_dir):

@@ -44,6 +44,23 @@ def run_prompts(verifier, proposer, prompts: list[dict], k: int, max_new_tokens:
     return gens
 
 
+@torch.no_grad()
+def greedy_agreement(verifier, prompt_ids: list[int], got: list[int], ref: list[int], slack: float = 4.0) -> dict:
+    """Greedy speculative tokens `got` against the verifier's own greedy `ref`. In float32 they must be
+    identical. In bf16 the (k+1)-token verify pass and one-token decoding round differently, so a
+    divergence counts as lossless only at a near-tie: the chosen token's logit, in one full forward
+    over prompt + ref, within `slack` bf16 epsilons (relative) of the maximum."""
+    eos = verifier.tokenizer.eos_token_id
+    n = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
+    if n is None:
+        complete = len(got) == len(ref) or bool(got) and got[-1] == eos
+        return {"identical tokens": min(len(got), len(ref)), "first divergence": None, "logit gap": 0.0, "tolerance": 0.0, "lossless": complete}
+    logits = verifier.model(torch.tensor([prompt_ids + ref[:n]], device=verifier.device)).logits[0, -1].float()
+    gap = (logits.max() - logits[got[n]]).item()
+    tol = slack * torch.finfo(verifier.dtype).eps * logits.max().abs().item()
+    return {"identical tokens": n, "first divergence": n, "logit gap": gap, "tolerance": tol, "lossless": gap <= tol}
+
+
 def summarize(gens: list[Generation], k: int) -> dict:
     """Metrics over all generations and per prompt source (chat, code)."""
     out = {"all": metrics([s for g in gens for s in g.steps], k)}

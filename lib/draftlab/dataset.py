@@ -48,13 +48,16 @@ class SplitStats:
     lengths: list[int] = field(default_factory=list)
 
 
-def build_rows(tok, prompts, responses: dict[str, str], max_length: int) -> tuple[dict, dict[str, SplitStats]]:
-    """Rows per split, truncated to max_length; truncations and fully-masked rows are counted, not hidden."""
+def build_rows(tok, prompts, responses: dict[str, str], max_length: int, extra: dict[str, list[str]] | None = None) -> tuple[dict, dict[str, SplitStats]]:
+    """Rows per split, truncated to max_length; truncations and fully-masked rows are counted, not hidden.
+    `extra` holds further (sampled) answers of train prompts: more rows, never in the eval split."""
     require_chat_template(tok)
     rows = {"train": {"input_ids": [], "loss_mask": []}, "eval": {"input_ids": [], "loss_mask": []}}
     stats = {"train": SplitStats(), "eval": SplitStats()}
-    for p in prompts:
-        ids, mask = tokenize_conversation(tok, p.text, responses[p.id])
+    extra = extra or {}
+    pairs = [(p, r) for p in prompts for r in [responses[p.id], *(extra.get(p.id, []) if p.split == "train" else [])]]
+    for p, response in pairs:
+        ids, mask = tokenize_conversation(tok, p.text, response)
         st = stats[p.split]
         if len(ids) > max_length:
             st.truncated += 1

@@ -179,7 +179,7 @@ def block_states(block: BlockMask) -> torch.Tensor:
     if block.full_kv_num_blocks is not None:
         full = BlockMask.from_kv_blocks(block.full_kv_num_blocks, block.full_kv_indices).to_dense()[0, 0]
         states[full[:, : states.shape[1]].bool()] = 2
-    return states
+    return states.cpu()  # compared with the CPU-side dense mask; a CUDA BlockMask would not compare
 
 
 def expected_block_states(dense: torch.Tensor, flex_block: int) -> torch.Tensor:

@@ -151,3 +151,18 @@ def generate_responses(
             fh.flush()
             bar.update(len(batch))
     return {p.id: done[p.id] for p in prompts}
+
+
+def sample_responses(verifier, prompts: list[Prompt], run_dir: Path, n: int, temperature: float, max_new_tokens: int = 128,
+                     batch_size: int = 8, seed: int = 0) -> dict[str, list[str]]:
+    """`n` further answers per prompt, sampled at `temperature`: more training text for the price of
+    generation only (the targets are the verifier's logits, so sampled context is still exact signal).
+    One resumable file per sample, responses-sampled-<j>.jsonl."""
+    if n and temperature <= 0:
+        raise DraftlabError(f"extra_samples={n} needs sample_temperature > 0 (got {temperature}): greedy answers would repeat the first one.")
+    out: dict[str, list[str]] = {p.id: [] for p in prompts}
+    for j in range(n):
+        got = generate_responses(verifier, prompts, Path(run_dir) / f"responses-sampled-{j}.jsonl", max_new_tokens, temperature, batch_size, seed + 1 + j)
+        for pid, text in got.items():
+            out[pid].append(text)
+    return out

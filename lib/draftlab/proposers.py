@@ -77,7 +77,7 @@ class Eagle3Proposer(Proposer):
 
         self.cache = DynamicCache()
         self.n_real = 0  # draft rows in the cache fed with verifier states
-        self.pending = torch.empty(0, self.model.fc.in_features, device=self.device)
+        self.pending = torch.empty(0, self.model.fc.in_features, device=self.device, dtype=self.model.fc.weight.dtype)
 
     def _rows(self, tokens: torch.Tensor, hidden: torch.Tensor, start: int) -> torch.Tensor:
         """Run len(tokens) rows at positions start+1... through the decoder layers, appending to the cache."""

