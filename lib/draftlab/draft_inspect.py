@@ -1,0 +1,53 @@
+"""What notebook 03 shows of a built draft: its modules, the shapes through one forward, agreement.
+
+Read-only views for the walk-through; building and checking drafts is `draftlab.draft`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftlab.draft import Draft
+
+
+def parameter_table(model: torch.nn.Module) -> list[dict]:
+    """One row per top-level module: size, trainable or frozen, dtype, device."""
+    rows = []
+    for name, mod in model.named_children():
+        ps = list(mod.parameters())
+        if ps:
+            train = {p.requires_grad for p in ps}
+            rows.append({"module": name, "params": sum(p.numel() for p in ps), "trainable": "yes" if train == {True} else "no" if train == {False} else "partly",
+                         "dtype": ", ".join(sorted({str(p.dtype).removeprefix("torch.") for p in ps})), "device": str(ps[0].device)})
+    return rows
+
+
+def first_agreement(draft: Draft, metrics: dict) -> float:
+    """Share of supervised positions where the draft's first proposal is the verifier's argmax."""
+    key = "full_acc_0" if draft.kind == "eagle3" else "position_1_acc"
+    return float(metrics[f"{key}_sum"] / metrics[f"{key}_total"].clamp(min=1))
+
+
+@torch.no_grad()
+def forward_shapes(draft: Draft, batch: dict) -> tuple[tuple, list[dict]]:
+    """The forward's result and the shape of every tensor entering it or leaving a top-level
+    module (first call of each), in call order, for the notebook's walk through one batch."""
+    rows = [{"tensor": f"batch.{k}", "shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for k, t in batch.items() if torch.is_tensor(t)]
+    seen = set()
+
+    def hook(name):
+        def fn(_m, _i, out):
+            t = out[0] if isinstance(out, tuple) else out
+            if name not in seen and torch.is_tensor(t):
+                seen.add(name)
+                rows.append({"tensor": f"{name} output", "shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch.")})
+        return fn
+
+    mods = [(n, m) for n, m in draft.model.named_modules() if n and "." not in n.removeprefix("layers.") and not isinstance(m, torch.nn.ModuleList)]
+    handles = [m.register_forward_hook(hook(n)) for n, m in mods]
+    try:
+        out = draft.forward(batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, rows
