@@ -6,7 +6,7 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.dataset import build_rows, save_split, tokenize_conversation
-from draftlab.prompts import Prompt, generate_responses, load_prompts
+from draftlab.prompts import Prompt, generate_responses, length_batches, load_prompts
 from draftlab.vocab import build_mapping, coverage_curve, heldout_coverage, token_frequencies
 
 
@@ -58,6 +58,15 @@ def test_saved_split_is_speculators_format(tiny, tmp_path):
     assert ds.column_names == ["input_ids", "loss_mask", "seq_len"] and len(ds) == 2
     assert ds[0]["input_ids"].tolist() == rows["train"]["input_ids"][0]
     assert list(ds.with_format(None)["seq_len"]) == [len(r) for r in rows["train"]["input_ids"]]
+
+
+def test_generation_batches_cap_rows_and_padded_tokens():
+    lengths = [10, 12, 20, 30, 31, 200, 210, 900]
+    got = length_batches(lengths, batch_size=3, max_tokens=400)
+    assert [i for b in got for i in b] == list(range(len(lengths)))  # every row once, in order
+    assert got == [[0, 1, 2], [3, 4], [5], [6], [7]]
+    assert all(len(b) <= 3 and (len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 400) for b in got)
+    assert length_batches(lengths, 8, 10**9) == [list(range(8))] and length_batches([], 4, 100) == []
 
 
 def test_generation_resumes_and_refuses_other_settings(tiny, tmp_path):

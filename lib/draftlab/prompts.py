@@ -91,6 +91,19 @@ def _chat_ids(tok, text: str) -> list[int]:
     return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
+def length_batches(lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
+    """Consecutive indices of length-sorted rows, cut at `batch_size` rows or when the padded size
+    (rows x longest) would pass `max_tokens`; a row longer than `max_tokens` goes alone."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i, n in enumerate(lengths):
+        if cur and (len(cur) == batch_size or (len(cur) + 1) * max(n, lengths[cur[-1]]) > max_tokens):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    return out + [cur] if cur else out
+
+
 @torch.no_grad()
 def generate_responses(
     verifier,
@@ -100,8 +113,12 @@ def generate_responses(
     temperature: float = 0.0,
     batch_size: int = 8,
     seed: int = 0,
+    batch_tokens: int | None = None,
 ) -> dict[str, str]:
-    """Answers keyed by prompt id, appended to `path` batch by batch: an interrupted run resumes."""
+    """Answers keyed by prompt id, appended to `path` batch by batch: an interrupted run resumes.
+    Batches hold prompts of similar length and, on CPU, at most `batch_tokens` padded prompt tokens
+    (default 64 per row of `batch_size`): there the prefill is compute-bound, so short prompts must not
+    pay for one long one. On a GPU a decode step costs about the same at any batch: fewer batches win."""
     from draftlab.dataset import require_chat_template
 
     tok = verifier.tokenizer
@@ -122,18 +139,20 @@ def generate_responses(
                         "Use another dataset_name or delete that file to regenerate."
                     )
             done[rec["id"]] = rec["response"]
-    todo = sorted((p for p in prompts if p.id not in done), key=lambda p: len(p.text))
+    todo = [p for p in prompts if p.id not in done]
+    seqs = {p.id: _chat_ids(tok, p.text) for p in todo}
+    todo.sort(key=lambda p: len(seqs[p.id]))
     path.parent.mkdir(parents=True, exist_ok=True)
     model = verifier.model
     pad = tok.pad_token_id
     torch.manual_seed(seed)
     with path.open("a") as fh, tqdm(total=len(todo), desc="Regenerating responses", unit="prompt") as bar:
-        for start in range(0, len(todo), batch_size):
-            batch = todo[start : start + batch_size]
-            seqs = [_chat_ids(tok, p.text) for p in batch]
-            width = max(map(len, seqs))
-            ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=verifier.device)
-            attn = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=verifier.device)
+        cap = batch_tokens or (64 * batch_size if verifier.device.type == "cpu" else 1 << 40)
+        for rows in length_batches([len(seqs[p.id]) for p in todo], batch_size, cap):
+            batch = [todo[i] for i in rows]
+            width = max(len(seqs[p.id]) for p in batch)
+            ids = torch.tensor([[pad] * (width - len(seqs[p.id])) + seqs[p.id] for p in batch], device=verifier.device)
+            attn = torch.tensor([[0] * (width - len(seqs[p.id])) + [1] * len(seqs[p.id]) for p in batch], device=verifier.device)
             out = model.generate(
                 input_ids=ids,
                 attention_mask=attn,
