@@ -1,0 +1,59 @@
+"""Held-out first-position accuracy against training cost, on existing stage-01 data.
+
+Trains one EAGLE-3 (or DFlash) draft per setting, side by side in one process on the same data,
+and prints a markdown row per setting (BENCHMARKS.md, "Draft training quality"). Run folders go
+under /tmp so the notebook's own runs are untouched.
+
+    python benchmarks/bench_train.py --dataset smollm2-default --steps 300 --pack-len 512 --lr 3e-3 --ttt 1 2 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="smollm2-default", help="data/runs/<dataset> written by notebook 01")
+    ap.add_argument("--kind", default="eagle3", choices=["eagle3", "dflash"])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--pack-len", type=int, default=512)
+    ap.add_argument("--lr", type=float, nargs="+", default=[3e-3])
+    ap.add_argument("--ttt", type=int, nargs="+", default=[3], help="EAGLE-3 TTT steps to compare")
+    ap.add_argument("--draft-vocab-size", type=int, default=4096)
+    ap.add_argument("--eval-every", type=int, default=100)
+    args = ap.parse_args()
+
+    from loguru import logger
+
+    from draftlab import config, draft, train
+    from draftlab.verifier import load_verifier
+
+    logger.remove()
+    data = config.data_dir() / "runs" / args.dataset
+    v = load_verifier("smollm2")
+    print(f"| {args.kind} | TTT steps | lr | steps x pack | wall (s) | held-out first-position accuracy (per eval) | per position (last eval) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for lr in args.lr:
+        for ttt in args.ttt if args.kind == "eagle3" else [0]:
+            torch.manual_seed(0)
+            d = draft.build_draft(args.kind, v, data / "train", draft_vocab_size=args.draft_vocab_size)
+            s = train.Settings(steps=args.steps, learning_rate=lr, warmup_steps=20, pack_len=args.pack_len, ttt_steps=max(ttt, 1),
+                               eval_every=args.eval_every, checkpoint_every=10**9)
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                run = train.train(d, data, s, run_dir=Path(tmp), progress=False)
+                wall = time.perf_counter() - t0
+                evals = [r for r in train.read_metrics(run) if r["split"] == "eval"]
+            accs = ", ".join(f"{train.first_accuracy(args.kind, r):.3f}" for r in evals)
+            pos = ", ".join(f"{k}: {a:.3f}" for k, a in train.position_accuracies(args.kind, evals[-1]).items() if k <= 5)
+            print(f"| {args.dataset} | {ttt or '-'} | {lr:g} | {args.steps} x {args.pack_len} | {wall:.0f} | {accs} | {pos} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
