@@ -217,6 +217,7 @@ def _dflash_expected(doc: torch.Tensor, anchors: torch.Tensor, block_size: int) 
 def run_checks(view: MaskView, flex_block: int, n_points: int | None = 2000, seed: int = 0) -> list[dict]:
     """Every check as {check, passed, detail}; the notebook shows them and the tests assert them."""
     out = []
+    dense = view.dense.cpu()  # built on the mask's device (CUDA on a GPU); every reference here is on the CPU
 
     def add(name, ok, detail=""):
         out.append({"check": name, "passed": bool(ok), "detail": detail})
@@ -228,31 +229,31 @@ def run_checks(view: MaskView, flex_block: int, n_points: int | None = 2000, see
         pts = list(zip(torch.randint(view.q_len, (n_points,), generator=g).tolist(),
                        torch.randint(view.kv_len, (n_points,), generator=g).tolist(), strict=True))
     ref = pointwise(view.mask_mod, view.q_len, view.kv_len, pts)
-    got = torch.tensor([bool(view.dense[q, k]) for q, k in pts])
+    got = torch.tensor([bool(dense[q, k]) for q, k in pts])
     add("dense mask == mask function evaluated point by point", torch.equal(ref, got), f"{len(pts)} points")
     add("BlockMask full/partial/skipped blocks agree with the token mask",
-        torch.equal(block_states(view.block), expected_block_states(view.dense, flex_block)), f"block {flex_block}")
-    add("no query row is empty (softmax stays finite)", bool(view.dense.any(1).all()))
+        torch.equal(block_states(view.block), expected_block_states(dense, flex_block)), f"block {flex_block}")
+    add("no query row is empty (softmax stays finite)", bool(dense.any(1).all()))
     if "anchors" in view.extra:
         doc, anchors, bs = view.extra["document_ids"].cpu(), view.extra["anchors"].cpu(), view.extra["block_size"]
         want = _dflash_expected(doc, anchors, bs)
         n = doc.numel()
-        add("no query sees another anchor's block", not (view.dense[:, n:] & ~want[:, n:]).any())
-        add("no query sees a base token at or after its anchor, or in another document", not (view.dense[:, :n] & ~want[:, :n]).any())
-        add("each query sees its whole own block", bool(view.dense[:, n:][want[:, n:]].all()))
-        add("token mask == DFlash intent exactly", torch.equal(view.dense.cpu(), want))
+        add("no query sees another anchor's block", not (dense[:, n:] & ~want[:, n:]).any())
+        add("no query sees a base token at or after its anchor, or in another document", not (dense[:, :n] & ~want[:, :n]).any())
+        add("each query sees its whole own block", bool(dense[:, n:][want[:, n:]].all()))
+        add("token mask == DFlash intent exactly", torch.equal(dense, want))
     else:
         n = view.q_len
         doc = view.extra.get("document_ids")
         steps = view.kv_len // n - 1
         want = _eagle3_expected(doc.cpu(), steps) if doc is not None else None
-        base = view.dense[:, :n].cpu()
+        base = dense[:, :n]
         q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
         add("no query sees a future position", not (base & (k > q)).any())
         if want is not None:
             add("no query sees another document", not (base & ~want[:, :n]).any())
             for s in range(1, steps + 1):
-                blk = view.dense[:, s * n : (s + 1) * n].cpu()
+                blk = dense[:, s * n : (s + 1) * n]
                 add(f"TTT step {s}: each query sees exactly its own position", torch.equal(blk, torch.eye(n, dtype=torch.bool)))
-            add("token mask == EAGLE-3 intent exactly", torch.equal(view.dense.cpu(), want))
+            add("token mask == EAGLE-3 intent exactly", torch.equal(dense, want))
     return out
