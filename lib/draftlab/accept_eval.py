@@ -49,7 +49,7 @@ def greedy_agreement(verifier, prompt_ids: list[int], got: list[int], ref: list[
     """Greedy speculative tokens `got` against the verifier's own greedy `ref`. In float32 they must be
     identical. In bf16 the (k+1)-token verify pass and one-token decoding round differently, so a
     divergence counts as lossless only at a near-tie: the chosen token's logit, in one full forward
-    over prompt + ref, within `slack` bf16 epsilons (relative) of the maximum."""
+    over prompt + ref, within `slack` machine epsilons of the verifier's dtype (relative) of the maximum."""
     eos = verifier.tokenizer.eos_token_id
     n = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
     if n is None:
