@@ -10,7 +10,7 @@ import torch
 from draftlab import DraftlabError
 from draftlab import draft_checks as checks
 from draftlab.attention import FLEX
-from draftlab.draft import build_dflash, build_draft, build_eagle3, reload, reload_check, verify
+from draftlab.draft import build_dflash, build_draft, build_eagle3, reload_check, verify
 from draftlab.draft_inspect import parameter_table
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -117,12 +117,6 @@ def test_forward_on_a_packed_batch_gives_a_loss_and_round_trip_is_identical(tiny
             out = d.forward(batch)
         assert torch.isfinite(out[1]) and out[1] > 0
         d.model.save_pretrained(tmp_path / d.kind)
-        again = reload(tmp_path / d.kind, d)
-        with torch.no_grad():
-            out2 = again.forward(batch)
-        assert torch.equal(out[1], out2[1])
-        for k, t in d.model.state_dict().items():
-            assert torch.equal(t, again.model.state_dict()[k]), k
         r = reload_check(d, tmp_path / d.kind, batch)
         assert r["identical tensors"] and r["identical outputs"] and r["loss"] == r["reloaded loss"]
 

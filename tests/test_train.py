@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from draftlab import DraftlabError
-from draftlab.draft import build_draft, reload
-from draftlab.train import Settings, final_checkpoint, read_metrics, train
+from draftlab.draft import build_draft
+from draftlab.train import Settings, check_reload, final_checkpoint, read_metrics, train
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 IDS = [2, 4, 5]
@@ -76,15 +76,8 @@ def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data):
     assert {"step", "split", "loss", "lr", "tokens_per_s", "full_acc_0", "full_acc_2", "cond_acc_1"} <= set(train_rec[0])
     assert train_rec[0]["lr"] == 0.0 and max(r["lr"] for r in train_rec) == pytest.approx(3e-3)  # warm-up then cosine
     assert [r["step"] for r in rec if r["split"] == "eval"] == [3, 6]
-    from draftlab.train_data import Packs, open_split
-
-    batch = next(Packs(d, open_split(d, data / "eval", 96), 96, 0).all())
-    again = reload(final_checkpoint("tiny", "eagle3"), d)
-    d.model.eval(), again.model.eval()
-    with torch.no_grad():
-        (t1, l1, _), (t2, l2, _) = d.forward(batch), again.forward(batch)
-    assert l1 == l2 and all(torch.equal(x, y) for x, y in zip(t1, t2, strict=True))
-    assert all(torch.equal(t, again.model.state_dict()[k]) for k, t in d.model.state_dict().items())
+    r = check_reload(d, final_checkpoint("tiny", "eagle3"), data, 96)
+    assert r["identical tensors"] and r["identical outputs"] and r["loss"] == r["reloaded loss"]
 
 
 def test_data_of_another_verifier_is_refused(tiny, data, tmp_path):
