@@ -87,3 +87,18 @@ def test_run_stops_at_the_first_failure_naming_notebook_and_cell(tmp_path, monke
     assert main(["run", "--profile", "ci", "--only", "1", "--run-name", "one"]) == 0
     assert (tmp_path / "outputs" / "one" / "01_pass_first.ipynb").exists()
     assert main(["run", "--profile", "nope"]) == 1
+
+
+def test_a_stuck_cell_fails_the_run_in_bounded_time_naming_the_cell(tmp_path, monkeypatch):
+    from draftlab.run import NotebookFailed, run
+
+    (tmp_path / "notebooks" / "params").mkdir(parents=True)
+    (tmp_path / "notebooks" / "params" / "ci.yaml").write_text("x: 1\n")
+    stuck = json.loads(json.dumps(FAILING))
+    stuck["cells"][2]["source"] = "import time\ntime.sleep(600)"
+    (tmp_path / "notebooks" / "01_stuck.ipynb").write_text(json.dumps(stuck))
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
+    with pytest.raises(NotebookFailed, match=r"01_stuck.ipynb failed in cell 3 .*no reply within 3 s.*--cell-timeout"):
+        run("ci", cell_timeout=3)
+    summary = json.loads((tmp_path / "outputs" / "ci" / "summary.json").read_text())
+    assert summary[0]["status"] == "failed" and summary[0]["seconds"] < 120

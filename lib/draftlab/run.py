@@ -27,8 +27,16 @@ class NotebookFailed(RuntimeError):
     pass
 
 
-def run(profile: str = "default", only=None, run_name: str | None = None, kernel: str = "python3") -> list[dict]:
+# A cell that outlives this is stuck, not slow (the longest default-profile cell on 2 CPU cores takes
+# ~8 minutes): nbclient can block forever on a kernel message (jupyter/nbclient#312), and a bounded
+# failure naming the cell beats a CI job killed at its wall clock with no summary.
+CELL_TIMEOUT_S = 1800
+
+
+def run(profile: str = "default", only=None, run_name: str | None = None, kernel: str = "python3",
+        cell_timeout: int = CELL_TIMEOUT_S) -> list[dict]:
     import papermill as pm
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.exceptions import PapermillExecutionError
 
     import logging
@@ -48,10 +56,18 @@ def run(profile: str = "default", only=None, run_name: str | None = None, kernel
         rec = {"notebook": nb.name, "output": str(out / nb.name)}
         print(f"==> {nb.name} (profile {profile})", flush=True)
         try:
-            pm.execute_notebook(str(nb), str(out / nb.name), parameters=params, kernel_name=kernel, cwd=str(nb.parent), log_output=True, progress_bar=False)
+            pm.execute_notebook(str(nb), str(out / nb.name), parameters=params, kernel_name=kernel, cwd=str(nb.parent),
+                                log_output=True, progress_bar=False, execution_timeout=cell_timeout)
             rec.update(status="ok")
         except PapermillExecutionError as e:
             rec.update(status="failed", cell=e.cell_index, execution_count=e.exec_count, error=f"{e.ename}: {e.evalue}")
+        except CellTimeoutError as e:
+            rec.update(status="failed", cell=_running_cell(out / nb.name), execution_count=None,
+                       error=f"no reply within {cell_timeout} s ({str(e).splitlines()[0]}); if the cell is only slow, "
+                             f"raise the limit with `draftlab run --cell-timeout SECONDS`")
+        except DeadKernelError as e:
+            rec.update(status="failed", cell=_running_cell(out / nb.name), execution_count=None,
+                       error=f"the kernel died ({e}); out of memory is the usual cause: a smaller profile or batch size")
         rec["seconds"] = round(time.perf_counter() - t0, 1)
         summary.append(rec)
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -63,6 +79,16 @@ def run(profile: str = "default", only=None, run_name: str | None = None, kernel
             )
     print_summary(summary)
     return summary
+
+
+def _running_cell(executed: Path):
+    """The last cell papermill started in the notebook it saved (the one that timed out), or None."""
+    try:
+        cells = json.loads(executed.read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        return None
+    started = [i for i, c in enumerate(cells) if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    return started[-1] if started else None
 
 
 def print_summary(summary: list[dict]) -> None:
@@ -79,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 01,03")
     r.add_argument("--run-name", default=None, help="outputs/<run-name>/ (default: the profile name)")
     r.add_argument("--kernel", default="python3")
+    r.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT_S, help="seconds one cell may run before the run fails")
     args = ap.parse_args(argv)
     try:
-        run(args.profile, args.only.split(",") if args.only else None, args.run_name, args.kernel)
+        run(args.profile, args.only.split(",") if args.only else None, args.run_name, args.kernel, args.cell_timeout)
     except (DraftlabError, NotebookFailed) as e:
         print(f"draftlab: {e}", file=sys.stderr)
         return 1
