@@ -151,3 +151,15 @@ def test_torchrun_command_parses_with_speculators_own_cli(tiny, data, kind):
     assert (cfg.loss.ttt_steps == s.ttt_steps) if kind == "eagle3" else (cfg.dflash.block_size == 4 and cfg.data.max_anchors == 8)
     with pytest.raises(SystemExit):
         build_parser().parse_args([*cmd[5:], "--ttt-stepz", "3"])
+
+
+def test_offline_alpha_drafts_k_positions_and_leaves_the_draft_as_it_was(tiny, data, tmp_path):
+    from draftlab.accept_eval import offline_alpha
+
+    d = make(tiny, data)
+    train(d, data, Settings(**{**S, "steps": 10}), tmp_path / "run", progress=False)
+    before = dict(d.train_kwargs)
+    three, five = offline_alpha(d, data / "eval", k=3), offline_alpha(d, data / "eval", k=5)
+    assert len(three) == 3 and len(five) == 5 and all(0.0 <= a <= 1.0 for a in five)
+    assert five[:3] == pytest.approx(three), "a position's teacher-forced acceptance cannot depend on later positions"
+    assert d.train_kwargs == before and len(offline_alpha(d, data / "eval")) == before["ttt_steps"]

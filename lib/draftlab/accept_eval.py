@@ -89,9 +89,12 @@ def tau_from_alpha(alpha: list[float], k: int) -> float:
 
 
 @torch.no_grad()
-def offline_alpha(draft, data_dir: Path, max_rows: int = 64) -> list[float]:
+def offline_alpha(draft, data_dir: Path, k: int | None = None, max_rows: int = 64) -> list[float]:
     """Teacher-forced conditional acceptance per position (speculators' cond_acc_n) on stage-01 data,
-    one row per forward, shifted as `speculators train` shifts EAGLE-3 data (`shift_batch`)."""
+    one row per forward, shifted as `speculators train` shifts EAGLE-3 data (`shift_batch`).
+    `k` positions (default: the draft's configured TTT steps): the TTT forward drafts each position
+    from the draft's own earlier states, as a chain of k does online, so the offline tau at the online
+    k needs no second online run."""
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import ArrowDataset, CollateFn
 
@@ -105,12 +108,17 @@ def offline_alpha(draft, data_dir: Path, max_rows: int = 64) -> list[float]:
     v = draft.verifier
     ds = ArrowDataset(max_len=1 << 20, datapath=data_dir, on_missing="raise", hidden_states_dtype=v.dtype)
     sums: dict[str, float] = {}
-    for i in range(min(len(ds), max_rows)):
-        row = ds[i]
-        n = len(row["input_ids"]) - 1
-        collate = CollateFn(n, v.hidden_size, num_target_layers=len(man["layer_ids"]), dtype=v.dtype, preprocess=shift_batch)
-        _, _, m = draft.forward(collate([row]))
-        for key, val in m.items():
-            sums[key] = sums.get(key, 0.0) + float(val)
+    configured = draft.train_kwargs.get("ttt_steps")
+    draft.train_kwargs["ttt_steps"] = k or configured
+    try:
+        for i in range(min(len(ds), max_rows)):
+            row = ds[i]
+            n = len(row["input_ids"]) - 1
+            collate = CollateFn(n, v.hidden_size, num_target_layers=len(man["layer_ids"]), dtype=v.dtype, preprocess=shift_batch)
+            _, _, m = draft.forward(collate([row]))
+            for key, val in m.items():
+                sums[key] = sums.get(key, 0.0) + float(val)
+    finally:
+        draft.train_kwargs["ttt_steps"] = configured
     steps = sorted(int(k.split("_")[2]) for k in sums if k.startswith("cond_acc_") and k.endswith("_sum"))
     return [sums[f"cond_acc_{s}_sum"] / max(sums[f"cond_acc_{s}_total"], 1.0) for s in steps]

@@ -1,0 +1,86 @@
+"""Stage 05's pictures: a response coloured by what the verifier did with each draft token, and the
+acceptance figures (accepted lengths, alpha_n, tau against k); each returns its Figure."""
+
+from __future__ import annotations
+
+import html
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from draftlab.plots import save
+
+SPEC_COLOURS = {"prefill": "#d0d7e1", "accepted": "#b7e4c7", "bonus": "#ffd59e", "rejected": "#f4a6a6"}
+
+
+def speculative_html(tok, gen, max_tokens: int = 300) -> str:
+    """A response token by token: accepted drafts green, the verifier's bonus token orange, the draft
+    token it replaced struck through in red, the prefill token grey."""
+    def span(tid, kind, strike=False):
+        text = html.escape(tok.decode([tid])).replace("\n", "⏎<br>") or "∅"
+        deco = "text-decoration:line-through;font-size:80%;" if strike else ""
+        return f'<span title="{kind} {tid}" style="background:{SPEC_COLOURS[kind]};{deco}border-radius:3px;margin:1px;padding:0 1px">{text}</span>'
+
+    spans, pos = [span(gen.tokens[0], "prefill")], 1
+    for step in gen.steps:
+        for _ in range(step.accepted):
+            if pos < len(gen.tokens):
+                spans.append(span(gen.tokens[pos], "accepted"))
+                pos += 1
+        if step.rejected is not None:
+            spans.append(span(step.rejected, "rejected", strike=True))
+        if pos < len(gen.tokens):
+            spans.append(span(gen.tokens[pos], "bonus"))
+            pos += 1
+        if len(spans) > max_tokens:
+            break
+    legend = "<p>" + " ".join(f'<span style="background:{c};padding:0 4px">{k}</span>' for k, c in SPEC_COLOURS.items()) + "</p>"
+    return legend + '<div style="font-family:monospace;line-height:1.9">' + "".join(spans) + "</div>"
+
+
+def accepted_length_histogram(hists: dict[str, list[int]], title: str, out_dir=None):
+    """Share of verifier passes that accepted 0..k draft tokens, one bar group per proposer."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    width = 0.8 / max(1, len(hists))
+    for i, (name, h) in enumerate(hists.items()):
+        h = np.asarray(h, dtype=float)
+        ax.bar(np.arange(len(h)) + i * width, h / max(h.sum(), 1), width, label=name)
+    ax.set_xlabel("draft tokens accepted in one verifier pass")
+    ax.set_ylabel("share of passes")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save(fig, out_dir, "accepted_length_hist")
+
+
+def alpha_plot(alphas: dict[str, list], title: str, out_dir=None):
+    """Conditional acceptance alpha_n against draft position n; names with 'offline' dashed."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for name, a in alphas.items():
+        y = [np.nan if x is None else x for x in a]
+        ax.plot(range(1, len(y) + 1), y, "o--" if "offline" in name else "o-", label=name)
+    ax.set_xlabel("draft position n")
+    ax.set_ylabel("alpha_n = P(accept n | 1..n-1 accepted)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save(fig, out_dir, "alpha_n")
+
+
+def tau_vs_k(taus: dict[str, dict[int, float]], title: str, out_dir=None):
+    """Tokens per verifier pass against chain length k, one line per proposer."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for name, by_k in taus.items():
+        ks = sorted(by_k)
+        ax.plot(ks, [by_k[k] for k in ks], "o-", label=name)
+    ax.axhline(1.0, color="k", lw=0.6, ls=":")
+    ax.set_xticks(sorted(set().union(*map(set, taus.values()))))
+    ax.set_xlabel("draft length k (chain)")
+    ax.set_ylabel("tau (tokens per verifier pass)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save(fig, out_dir, "tau_vs_k")
