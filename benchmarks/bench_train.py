@@ -5,11 +5,16 @@ and prints a markdown row per setting (BENCHMARKS.md, "Draft training quality").
 under /tmp so the notebook's own runs are untouched.
 
     python benchmarks/bench_train.py --dataset smollm2-default --steps 300 --pack-len 512 --lr 3e-3 --ttt 1 2 3
+    python benchmarks/bench_train.py --dataset smollm2-default --ttt 1 --draft-vocab-size 2048 4096 8192 --weight-decay 0.01 0.1
+
+A draft vocabulary without its d2t/t2d files is mapped from the stage-01 token counts for the run
+and its files removed after, so the data folder is left as notebook 01 wrote it.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -25,34 +30,43 @@ def main() -> None:
     ap.add_argument("--pack-len", type=int, default=512)
     ap.add_argument("--lr", type=float, nargs="+", default=[3e-3])
     ap.add_argument("--ttt", type=int, nargs="+", default=[3], help="EAGLE-3 TTT steps to compare")
-    ap.add_argument("--draft-vocab-size", type=int, default=4096)
+    ap.add_argument("--draft-vocab-size", type=int, nargs="+", default=[4096])
+    ap.add_argument("--weight-decay", type=float, nargs="+", default=[0.01])
     ap.add_argument("--eval-every", type=int, default=100)
     args = ap.parse_args()
 
     from loguru import logger
 
-    from draftlab import config, draft, train
+    from draftlab import config, draft, train, vocab
     from draftlab.verifier import load_verifier
 
     logger.remove()
     data = config.data_dir() / "runs" / args.dataset
     v = load_verifier("smollm2")
-    print(f"| {args.kind} | TTT steps | lr | steps x pack | wall (s) | held-out first-position accuracy (per eval) | per position (last eval) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for lr in args.lr:
-        for ttt in args.ttt if args.kind == "eagle3" else [0]:
+    print(f"| {args.kind} | TTT steps | lr | draft vocab | weight decay | steps x pack | wall (s) | held-out first-position accuracy (per eval) | per position (last eval) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    ttts = args.ttt if args.kind == "eagle3" else [0]
+    for lr, ttt, dv, wd in itertools.product(args.lr, ttts, args.draft_vocab_size, args.weight_decay):
+        made = [data / "train" / f"{m}-{dv}.npy" for m in ("d2t", "t2d")]
+        made = [] if made[0].exists() else made
+        if made:
+            vocab.build_mapping(torch.load(data / "train" / "token_freq.pt", weights_only=True), dv, v.vocab_size, data / "train")
+        try:
             torch.manual_seed(0)
-            d = draft.build_draft(args.kind, v, data / "train", draft_vocab_size=args.draft_vocab_size)
-            s = train.Settings(steps=args.steps, learning_rate=lr, warmup_steps=20, pack_len=args.pack_len, ttt_steps=max(ttt, 1),
-                               eval_every=args.eval_every, checkpoint_every=10**9)
-            with tempfile.TemporaryDirectory() as tmp:
-                t0 = time.perf_counter()
-                run = train.train(d, data, s, run_dir=Path(tmp), progress=False)
-                wall = time.perf_counter() - t0
-                evals = [r for r in train.read_metrics(run) if r["split"] == "eval"]
-            accs = ", ".join(f"{train.first_accuracy(args.kind, r):.3f}" for r in evals)
-            pos = ", ".join(f"{k}: {a:.3f}" for k, a in train.position_accuracies(args.kind, evals[-1]).items() if k <= 5)
-            print(f"| {args.dataset} | {ttt or '-'} | {lr:g} | {args.steps} x {args.pack_len} | {wall:.0f} | {accs} | {pos} |", flush=True)
+            d = draft.build_draft(args.kind, v, data / "train", draft_vocab_size=dv)
+        finally:
+            for f in made:
+                f.unlink()
+        s = train.Settings(steps=args.steps, learning_rate=lr, warmup_steps=20, pack_len=args.pack_len, ttt_steps=max(ttt, 1),
+                           eval_every=args.eval_every, checkpoint_every=10**9, weight_decay=wd)
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            run = train.train(d, data, s, run_dir=Path(tmp), progress=False)
+            wall = time.perf_counter() - t0
+            evals = [r for r in train.read_metrics(run) if r["split"] == "eval"]
+        accs = ", ".join(f"{train.first_accuracy(args.kind, r):.3f}" for r in evals)
+        pos = ", ".join(f"{k}: {a:.3f}" for k, a in train.position_accuracies(args.kind, evals[-1]).items() if k <= 5)
+        print(f"| {args.dataset} | {ttt or '-'} | {lr:g} | {dv} | {wd:g} | {args.steps} x {args.pack_len} | {wall:.0f} | {accs} | {pos} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 import ast
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -102,3 +103,23 @@ def test_a_stuck_cell_fails_the_run_in_bounded_time_naming_the_cell(tmp_path, mo
         run("ci", cell_timeout=3)
     summary = json.loads((tmp_path / "outputs" / "ci" / "summary.json").read_text())
     assert summary[0]["status"] == "failed" and summary[0]["seconds"] < 120
+
+
+def test_headless_runs_draw_text_progress_and_no_widgets(tmp_path, monkeypatch):
+    from draftlab.run import run
+
+    (tmp_path / "notebooks" / "params").mkdir(parents=True)
+    (tmp_path / "notebooks" / "params" / "ci.yaml").write_text("x: 1\n")
+    nb = json.loads(json.dumps(FAILING))
+    nb["cells"][2]["source"] = ("import os\nfrom draftlab.progress import progress_bar\n"
+                                "for _ in progress_bar(range(3), desc='work'):\n    pass\n"
+                                "print('hub bars off:', os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS'))")
+    (tmp_path / "notebooks" / "01_progress.ipynb").write_text(json.dumps(nb))
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
+    monkeypatch.delenv("DRAFTLAB_HEADLESS", raising=False)
+    run("ci")
+    outputs = json.loads((tmp_path / "outputs" / "ci" / "01_progress.ipynb").read_text())["cells"][3]["outputs"]
+    text = "".join("".join(o.get("text", "")) for o in outputs)
+    assert "work: 100%" in text and "hub bars off: 1" in text, text
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+    assert "DRAFTLAB_HEADLESS" not in os.environ, "the headless switch must not leak into the calling process"

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from safetensors.torch import save as st_save
-from tqdm.auto import tqdm
+from draftlab.progress import progress_bar
 
 from draftlab import DraftlabError, manifest
 
@@ -225,7 +225,7 @@ def extract(
         return i, _write(hs_dir / f"hs_{i}.safetensors", rows[i], hs)
 
     try:
-        with tqdm(total=len(todo), desc="Extracting hidden states", unit="sample", disable=not progress) as bar:
+        with progress_bar(total=len(todo), desc="Extracting hidden states", unit="sample", disable=not progress) as bar:
             for start in range(0, len(todo), batch_size):
                 idx = todo[start : start + batch_size]
                 states, event = _to_host(hidden_states(verifier, [rows[i] for i in idx], layer_ids))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from tqdm.auto import tqdm
+from draftlab.progress import progress_bar
 
 from draftlab import DraftlabError
 
@@ -146,7 +146,7 @@ def generate_responses(
     model = verifier.model
     pad = tok.pad_token_id
     torch.manual_seed(seed)
-    with path.open("a") as fh, tqdm(total=len(todo), desc="Regenerating responses", unit="prompt") as bar:
+    with path.open("a") as fh, progress_bar(total=len(todo), desc="Regenerating responses", unit="prompt") as bar:
         cap = batch_tokens or (64 * batch_size if verifier.device.type == "cpu" else 1 << 40)
         for rows in length_batches([len(seqs[p.id]) for p in todo], batch_size, cap):
             batch = [todo[i] for i in rows]

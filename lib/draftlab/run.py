@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from draftlab import DraftlabError
 from draftlab.config import PROFILES, load_profile, notebooks_dir, outputs_dir
+from draftlab.progress import HEADLESS_ENV
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -35,10 +38,6 @@ CELL_TIMEOUT_S = 1800
 
 def run(profile: str = "default", only=None, run_name: str | None = None, kernel: str = "python3",
         cell_timeout: int = CELL_TIMEOUT_S) -> list[dict]:
-    import papermill as pm
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-    from papermill.exceptions import PapermillExecutionError
-
     import logging
 
     log = logging.getLogger("papermill")  # stream each cell's output to the console as it runs
@@ -51,7 +50,34 @@ def run(profile: str = "default", only=None, run_name: str | None = None, kernel
     out.mkdir(parents=True, exist_ok=True)
     params.update(profile=profile, run_name=run_name)
     summary: list[dict] = []
-    for nb in notebooks(only):
+    with _headless_kernels():
+        _run_each(notebooks(only), params, out, kernel, cell_timeout, summary)
+    print_summary(summary)
+    return summary
+
+
+@contextmanager
+def _headless_kernels():
+    """Kernels inherit this process's environment: text progress bars, no library bars (progress.py)."""
+    saved = {k: os.environ.get(k) for k in HEADLESS_ENV}
+    os.environ.update(HEADLESS_ENV)
+    try:
+        yield
+    finally:
+        for k, val in saved.items():
+            if val is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = val
+
+
+def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeout: int, summary: list[dict]) -> None:
+    import papermill as pm
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+    from papermill.exceptions import PapermillExecutionError
+
+    profile = params["profile"]
+    for nb in nbs:
         t0 = time.perf_counter()
         rec = {"notebook": nb.name, "output": str(out / nb.name)}
         print(f"==> {nb.name} (profile {profile})", flush=True)
@@ -77,7 +103,6 @@ def run(profile: str = "default", only=None, run_name: str | None = None, kernel
                 f"{nb.name} failed in cell {rec['cell']} (execution count {rec['execution_count']}): {rec['error']}\n"
                 f"The executed notebook with the traceback is {out / nb.name}."
             )
-    print_summary(summary)
     return summary
 
 

@@ -133,7 +133,7 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
     newest checkpoint in the run folder (refused if a hyper-parameter changed); `stop_after=N` ends
     after global step N with a checkpoint, as an interruption would, without writing `final/`.
     """
-    from tqdm.auto import tqdm
+    from draftlab.progress import progress_bar
 
     s = settings or Settings()
     data, run_dir = Path(data), Path(run_dir or Path(data) / "drafts" / draft.kind)
@@ -151,7 +151,7 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
     end = min(s.steps, stop_after or s.steps)
     metrics_path = run_dir / "metrics.jsonl"
     draft.model.train()
-    bar = tqdm(total=end, initial=step, desc=f"train {draft.kind}", disable=not progress)
+    bar = progress_bar(total=end, initial=step, desc=f"train {draft.kind}", disable=not progress)
     while step < end:
         t0 = time.perf_counter()
         batch, position = train_packs.at(step)

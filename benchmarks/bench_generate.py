@@ -1,0 +1,53 @@
+"""Response generation throughput of the embedded verifier on this machine: what stage 01 pays per
+token of training text, by batch size and torch thread count (BENCHMARKS.md, "Generation").
+
+Greedy `generate` of `--new` tokens for the first train prompts of the default prompt set, batched
+as stage 01 batches them (left-padded chat-template prompts). Prints one markdown row per setting.
+
+    python benchmarks/bench_generate.py --batch 60 120 --threads 2 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, nargs="+", default=[60, 120])
+    ap.add_argument("--threads", type=int, nargs="+", default=[2, 1])
+    ap.add_argument("--new", type=int, default=96, help="new tokens per prompt")
+    args = ap.parse_args()
+
+    from draftlab import prompts
+    from draftlab.verifier import load_verifier
+
+    v = load_verifier("smollm2")
+    tok = v.tokenizer
+    train = [p for p in prompts.load_prompts(200, 0, 0.15) if p.split == "train"]
+    seqs = [prompts._chat_ids(tok, p.text) for p in train]
+    print(f"| torch threads | batch | prompt tokens (mean / max) | wall (s) | ms per decode step | generated tokens / s | row-steps / s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for b in args.batch:
+            batch = seqs[:b]
+            width = max(map(len, batch))
+            ids = torch.tensor([[tok.pad_token_id] * (width - len(s)) + s for s in batch])
+            attn = (torch.arange(width)[None] >= torch.tensor([width - len(s) for s in batch])[:, None]).long()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = v.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=args.new, do_sample=False,
+                                       pad_token_id=tok.pad_token_id)[:, width:]
+            wall = time.perf_counter() - t0
+            real = int((out != tok.pad_token_id).sum())
+            mean = sum(map(len, batch)) / len(batch)
+            print(f"| {threads} | {len(batch)} | {mean:.0f} / {width} | {wall:.1f} | {wall / out.shape[1] * 1000:.0f} | {real / wall:.0f} | "
+                  f"{len(batch) * out.shape[1] / wall:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
