@@ -29,7 +29,7 @@ def main() -> None:
     tok = v.tokenizer
     train = [p for p in prompts.load_prompts(200, 0, 0.15) if p.split == "train"]
     seqs = [prompts._chat_ids(tok, p.text) for p in train]
-    print(f"| torch threads | batch | prompt tokens (mean / max) | wall (s) | ms per decode step | generated tokens / s | row-steps / s |")
+    print("| torch threads | batch | prompt tokens (mean / max) | wall (s) | ms per decode step | generated tokens / s | row-steps / s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for threads in args.threads:
         torch.set_num_threads(threads)

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from safetensors.torch import save as st_save
-from draftlab.progress import progress_bar
 
 from draftlab import DraftlabError, manifest
+from draftlab.progress import progress_bar
 
 FORMAT = "draftlab-hidden-states/1"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 import yaml
-from draftlab.progress import progress_bar
 
 from draftlab import DraftlabError
+from draftlab.progress import progress_bar
 
 CODE_TEMPLATE = "Complete the following Python function.\n\n```python\n{prompt}```"
 
