@@ -108,17 +108,13 @@ def offline_alpha(draft, data_dir: Path, k: int | None = None, max_rows: int = 6
     v = draft.verifier
     ds = ArrowDataset(max_len=1 << 20, datapath=data_dir, on_missing="raise", hidden_states_dtype=v.dtype)
     sums: dict[str, float] = {}
-    configured = draft.train_kwargs.get("ttt_steps")
-    draft.train_kwargs["ttt_steps"] = k or configured
-    try:
-        for i in range(min(len(ds), max_rows)):
-            row = ds[i]
-            n = len(row["input_ids"]) - 1
-            collate = CollateFn(n, v.hidden_size, num_target_layers=len(man["layer_ids"]), dtype=v.dtype, preprocess=shift_batch)
-            _, _, m = draft.forward(collate([row]))
-            for key, val in m.items():
-                sums[key] = sums.get(key, 0.0) + float(val)
-    finally:
-        draft.train_kwargs["ttt_steps"] = configured
+    positions = {"ttt_steps": k} if k else {}
+    for i in range(min(len(ds), max_rows)):
+        row = ds[i]
+        n = len(row["input_ids"]) - 1
+        collate = CollateFn(n, v.hidden_size, num_target_layers=len(man["layer_ids"]), dtype=v.dtype, preprocess=shift_batch)
+        _, _, m = draft.forward(collate([row]), **positions)
+        for key, val in m.items():
+            sums[key] = sums.get(key, 0.0) + float(val)
     steps = sorted(int(k.split("_")[2]) for k in sums if k.startswith("cond_acc_") and k.endswith("_sum"))
     return [sums[f"cond_acc_{s}_sum"] / max(sums[f"cond_acc_{s}_total"], 1.0) for s in steps]

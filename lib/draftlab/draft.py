@@ -50,9 +50,10 @@ class Draft:
     def dtype(self) -> torch.dtype:
         return self.model.fc.weight.dtype
 
-    def forward(self, batch: dict, cast: bool = False):
+    def forward(self, batch: dict, cast: bool = False, **overrides):
         """speculators' training forward on one packed batch, after draftlab's checks; a pack length
-        the flex BlockMask cannot serve is padded (and the choice recorded)."""
+        the flex BlockMask cannot serve is padded (and the choice recorded). `overrides` replace
+        forward kwargs of `train_kwargs` for this call only (e.g. ttt_steps)."""
         batch = checks.check_batch_dtype(batch, self.dtype, cast)
         ids = self.model.target_layer_ids
         checks.check_layer_ids(ids, None, self.verifier.hidden_size, batch["hidden_states"].shape[-1])
@@ -63,7 +64,7 @@ class Draft:
         checks.check_pack(batch, self.kind, self.attention)
         names = ("hidden_states", "input_ids", "loss_mask", "verifier_last_hidden_states", "document_ids", "position_ids")
         dev = self.model.fc.weight.device
-        return self.model(**{k: batch[k].to(dev) for k in names if k in batch}, **self.train_kwargs)
+        return self.model(**{k: batch[k].to(dev) for k in names if k in batch}, **{**self.train_kwargs, **overrides})
 
     def report(self) -> dict:
         return {what: f"{choice}  ({why})" for what, (choice, why) in self.choices.items()}
