@@ -7,8 +7,8 @@ import json
 import os
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 from draftlab import DraftlabError
 from draftlab.config import PROFILES, load_profile, notebooks_dir, outputs_dir
@@ -30,8 +30,8 @@ class NotebookFailed(RuntimeError):
     pass
 
 
-# A cell that outlives this is stuck, not slow (the longest default-profile cell on 2 CPU cores takes
-# ~8 minutes): nbclient can block forever on a kernel message (jupyter/nbclient#312), and a bounded
+# A cell that outlives this is stuck, not slow (the longest default-profile cell on 2 CPU cores,
+# generating the answers in 01, takes about 6 minutes): nbclient can block forever on a kernel message (jupyter/nbclient#312), and a bounded
 # failure naming the cell beats a CI job killed at its wall clock with no summary.
 CELL_TIMEOUT_S = 1800
 
@@ -50,25 +50,10 @@ def run(profile: str = "default", only=None, run_name: str | None = None, kernel
     out.mkdir(parents=True, exist_ok=True)
     params.update(profile=profile, run_name=run_name)
     summary: list[dict] = []
-    with _headless_kernels():
+    with patch.dict(os.environ, HEADLESS_ENV):  # kernels inherit it: text progress, no widgets (progress.py)
         _run_each(notebooks(only), params, out, kernel, cell_timeout, summary)
     print_summary(summary)
     return summary
-
-
-@contextmanager
-def _headless_kernels():
-    """Kernels inherit this process's environment: text progress bars, no library bars (progress.py)."""
-    saved = {k: os.environ.get(k) for k in HEADLESS_ENV}
-    os.environ.update(HEADLESS_ENV)
-    try:
-        yield
-    finally:
-        for k, val in saved.items():
-            if val is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = val
 
 
 def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeout: int, summary: list[dict]) -> None:
