@@ -106,3 +106,16 @@ def test_blockmask_into_sdpa_and_unset_implementation_raise_our_error_first(pack
         require_impl("flash_attention_2")
     # And the two legal pairings compute the same attention.
     torch.testing.assert_close(attend(q, k, v, view.block, FLEX), attend(q, k, v, view.dense, "sdpa"), atol=1e-5, rtol=1e-4)
+
+
+def test_mask_explorer_builds_sliders_only_outside_headless_runs(monkeypatch, capsys):
+    from draftlab import explore
+    from draftlab.progress import HEADLESS
+
+    monkeypatch.delenv(HEADLESS, raising=False)
+    box = explore.mask_explorer(seq_len=128, docs=2, block_size=4, n_anchors=2, ttt_step=1)
+    sliders = [s.description for row in box.children[:2] for s in row.children]
+    assert sliders == ["seq length", "docs / pack", "block size", "anchors", "TTT step"]
+    monkeypatch.setenv(HEADLESS, "1")
+    assert explore.mask_explorer(seq_len=128, docs=2, block_size=4, n_anchors=2, ttt_step=1) is None
+    assert "no live sliders" in capsys.readouterr().out

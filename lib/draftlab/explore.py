@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from draftlab import masks, plots
+from draftlab.progress import headless
 
 
 def document_lengths(seq_len: int, docs: int, fill: float = 0.9, seed: int = 0) -> list[int]:
@@ -27,7 +28,12 @@ def draw(seq_len: int, docs: int, block_size: int, n_anchors: int, ttt_step: int
 
 
 def mask_explorer(seq_len=512, docs=3, block_size=8, n_anchors=8, ttt_step=2, flex_block=128):
-    """Sliders for sequence length, documents per pack, block size, anchors and TTT step."""
+    """Sliders for sequence length, documents per pack, block size, anchors and TTT step; None, with
+    a note, in a headless run, where nothing could move them and a widget can stall nbclient
+    (jupyter/nbclient#312)."""
+    if headless():
+        print("headless run (draftlab run / papermill): no live sliders; open this notebook in JupyterLab for them.")
+        return None
     import ipywidgets as w
     from IPython.display import display
 

@@ -1,4 +1,4 @@
-"""Progress bars that suit where the code runs.
+"""Progress bars (and widgets) that suit where the code runs.
 
 In JupyterLab a bar is a widget. Headless (`draftlab run` sets DRAFTLAB_HEADLESS for its kernels)
 it is plain text on stdout, redrawn every 30 s: papermill's log then shows the progress of long
@@ -16,9 +16,14 @@ HEADLESS = "DRAFTLAB_HEADLESS"
 HEADLESS_ENV = {HEADLESS: "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
 
 
+def headless() -> bool:
+    """True in kernels started by `draftlab run`: nothing there can show or move a widget."""
+    return os.environ.get(HEADLESS) == "1"
+
+
 def progress_bar(*args, **kwargs):
     """tqdm.auto's bar, or a text bar on stdout when headless."""
-    if os.environ.get(HEADLESS) == "1":
+    if headless():
         from tqdm.std import tqdm
 
         kwargs.setdefault("mininterval", 30.0)
