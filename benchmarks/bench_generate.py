@@ -35,13 +35,11 @@ def main() -> None:
         torch.set_num_threads(threads)
         for b in args.batch:
             batch = seqs[:b]
-            width = max(map(len, batch))
-            ids = torch.tensor([[tok.pad_token_id] * (width - len(s)) + s for s in batch])
-            attn = (torch.arange(width)[None] >= torch.tensor([width - len(s) for s in batch])[:, None]).long()
+            padded = tok.pad({"input_ids": batch}, padding_side="left", return_tensors="pt")  # as prompts.generate_responses
+            width = padded["input_ids"].shape[1]
             t0 = time.perf_counter()
             with torch.no_grad():
-                out = v.model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=args.new, do_sample=False,
-                                       pad_token_id=tok.pad_token_id)[:, width:]
+                out = v.model.generate(**padded, max_new_tokens=args.new, do_sample=False, pad_token_id=tok.pad_token_id)[:, width:]
             wall = time.perf_counter() - t0
             real = int((out != tok.pad_token_id).sum())
             mean = sum(map(len, batch)) / len(batch)

@@ -150,12 +150,10 @@ def generate_responses(
         cap = batch_tokens or (64 * batch_size if verifier.device.type == "cpu" else 1 << 40)
         for rows in length_batches([len(seqs[p.id]) for p in todo], batch_size, cap):
             batch = [todo[i] for i in rows]
-            width = max(len(seqs[p.id]) for p in batch)
-            ids = torch.tensor([[pad] * (width - len(seqs[p.id])) + seqs[p.id] for p in batch], device=verifier.device)
-            attn = torch.tensor([[0] * (width - len(seqs[p.id])) + [1] * len(seqs[p.id]) for p in batch], device=verifier.device)
+            padded = tok.pad({"input_ids": [seqs[p.id] for p in batch]}, padding_side="left", return_tensors="pt").to(verifier.device)
+            width = padded["input_ids"].shape[1]
             out = model.generate(
-                input_ids=ids,
-                attention_mask=attn,
+                **padded,
                 max_new_tokens=max_new_tokens,
                 do_sample=temperature > 0,
                 temperature=temperature if temperature > 0 else None,
