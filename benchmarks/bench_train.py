@@ -47,8 +47,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     ttts = args.ttt if args.kind == "eagle3" else [0]
     for lr, ttt, dv, wd in itertools.product(args.lr, ttts, args.draft_vocab_size, args.weight_decay):
-        made = [data / "train" / f"{m}-{dv}.npy" for m in ("d2t", "t2d")]
-        made = [] if made[0].exists() else made
+        files = [data / "train" / f"{m}-{dv}.npy" for m in ("d2t", "t2d")]
+        made = [] if files[0].exists() else files
         if made:
             vocab.build_mapping(torch.load(data / "train" / "token_freq.pt", weights_only=True), dv, v.vocab_size, data / "train")
         try:
