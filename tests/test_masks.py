@@ -119,3 +119,22 @@ def test_mask_explorer_builds_sliders_only_outside_headless_runs(monkeypatch, ca
     monkeypatch.setenv(HEADLESS, "1")
     assert explore.mask_explorer(seq_len=128, docs=2, block_size=4, n_anchors=2, ttt_step=1) is None
     assert "no live sliders" in capsys.readouterr().out
+
+
+def test_large_masks_are_drawn_as_the_share_of_visible_keys_per_screen_cell():
+    from draftlab.plots import mask_heatmap, screen_cells
+
+    g = torch.Generator().manual_seed(0)
+    dense = torch.rand(301, 703, generator=g) < 0.3
+    img, fq, fk = screen_cells(dense, max_rows=100, max_cols=200)
+    assert (fq, fk) == (4, 4) and img.shape == (76, 176)
+    for r, c in [(0, 0), (37, 91), (75, 175), (75, 0), (0, 175)]:  # inner cells and the short edge cells
+        cell = dense[r * fq : (r + 1) * fq, c * fk : (c + 1) * fk]
+        assert img[r, c] == pytest.approx(cell.float().mean().item())
+    small, one, also_one = screen_cells(dense)  # fits a figure: drawn token by token
+    assert (one, also_one) == (1, 1) and (small == dense.numpy()).all()
+
+    view = eagle3_mask(synthetic_pack([3000, 1500], 4608)["document_ids"], 1)  # 4608 x 9216 tokens
+    ax = mask_heatmap(view)
+    assert ax.images[0].get_array().shape == (922, 1844)  # cells of 5 x 5 tokens
+    assert ax.get_xlim() == (-0.5, view.kv_len - 0.5) and ax.get_ylim() == (view.q_len - 0.5, -0.5)  # token coordinates
