@@ -10,7 +10,8 @@ import torch
 from draftlab import DraftlabError
 from draftlab import draft_checks as checks
 from draftlab.attention import FLEX
-from draftlab.draft import build_dflash, build_draft, build_eagle3, reload_check, verify
+from draftlab.checkpoint import reload_check
+from draftlab.draft import build_dflash, build_draft, build_eagle3, verify
 from draftlab.draft_inspect import parameter_table
 
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -3,9 +3,8 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.attention import FLEX, attend, check_mask, mask_builder, pick_attention, require_impl
-from draftlab.masks import (
-    block_states, dflash_mask, eagle3_mask, expected_block_states, pointwise, run_checks, synthetic_pack,
-)
+from draftlab.mask_checks import block_states, expected_block_states, pointwise, run_checks
+from draftlab.masks import dflash_mask, eagle3_mask, synthetic_pack
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Checkpoints of a training run: the speculators folder vLLM serves, plus what a resume needs.
+"""Checkpoints of a training run: the speculators folder vLLM serves, plus what a resume needs;
+and a saved draft reloaded through speculators, checked to give the same outputs.
 
 `checkpoints/step-<N>/` holds `save_pretrained`'s `config.json` + `model.safetensors` and a
 `trainer_state.pt` (step, optimizer, scheduler, RNG states, data position, hyper-parameters).
@@ -12,11 +13,15 @@ from __future__ import annotations
 import random
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from draftlab import DraftlabError
+
+if TYPE_CHECKING:
+    from draftlab.draft import Draft
 
 STATE = "trainer_state.pt"
 
@@ -115,3 +120,45 @@ def write_final(run_dir: Path, draft) -> Path:
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final
+
+
+def load_model(path: Path, cls, attention: str, device, dtype) -> torch.nn.Module:
+    """A saved speculators draft of class `cls`; `_attn_implementation` is not serialised, so it is set again."""
+    from speculators import SpeculatorModel
+
+    config = cls.config_class.from_pretrained(path)
+    config.transformer_layer_config._attn_implementation = attention
+    return SpeculatorModel.from_pretrained(path, config=config).to(device=device, dtype=dtype)
+
+
+def reload(path: Path, like: Draft) -> Draft:
+    """Load a saved draft through speculators (`SpeculatorModel.from_pretrained`) and check it.
+    HF configs do not serialise `_attn_implementation`, so it is set again, as `speculators train` does."""
+    from draftlab.draft import Draft, verify
+
+    model = load_model(path, type(like.model), like.attention, like.verifier.device, like.dtype)
+    draft = Draft(model, like.kind, like.verifier, like.train_config, like.train_kwargs, dict(like.choices))
+    verify(draft)
+    return draft
+
+
+@torch.no_grad()
+def reload_check(like: Draft, path: Path, batch: dict) -> dict:
+    """Reload `path` through speculators and run it and `like` on one batch, same seed, same mode.
+    The original is re-run rather than remembered: another code path (hooks under torch.compile)
+    rounds differently in bf16, which is not a checkpoint fault."""
+    again = reload(path, like)
+    state = again.model.state_dict()
+    same_tensors = all(torch.equal(t, state[k]) for k, t in like.model.state_dict().items())
+    was = like.model.training
+    outs = []
+    for d in (like, again):
+        d.model.eval()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            outs.append(d.forward(batch))
+    like.model.train(was)
+    (t1, l1, m1), (t2, l2, m2) = outs
+    tokens_same = t1 is None and t2 is None or all(torch.equal(a, b) for a, b in zip(t1, t2, strict=True))  # DFlash returns None
+    same = l1.item() == l2.item() and tokens_same and all(torch.equal(m1[k], m2[k]) for k in m1)
+    return {"loss": l1.item(), "reloaded loss": l2.item(), "identical tensors": same_tensors, "identical outputs": same}

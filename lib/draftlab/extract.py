@@ -9,7 +9,6 @@ becomes `hidden_states/hs_{i}.safetensors` with `token_ids [T]` and `hidden_stat
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,6 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from safetensors.torch import save as st_save
 
 from draftlab import DraftlabError, manifest
 from draftlab.progress import progress_bar
@@ -101,36 +99,6 @@ def _to_host(states: list[torch.Tensor]) -> tuple[list[torch.Tensor], object]:
     return [host[b, : len(s)] for b, s in enumerate(states)], event
 
 
-def _ids_digest(ids) -> str:
-    return hashlib.sha256(torch.as_tensor(ids, dtype=torch.long).numpy().tobytes()).hexdigest()[:16]
-
-
-def _write(path: Path, token_ids, hs: torch.Tensor) -> dict:
-    blob = st_save({"token_ids": torch.as_tensor(token_ids, dtype=torch.long), "hidden_states": hs.contiguous().cpu()})
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(blob)
-    os.replace(tmp, path)  # atomic: a file at its final name is always complete
-    return {"sha256": hashlib.sha256(blob).hexdigest(), "tokens": len(token_ids), "ids": _ids_digest(token_ids)}
-
-
-def _file_ok(path: Path, entry: dict | None, ids, n_slots: int, hidden: int) -> dict | None:
-    """The manifest entry for a file already on disk if it is sound for this row, else None."""
-    from speculators.data_generation.offline import check_hidden_states
-
-    try:
-        blob = path.read_bytes()
-        digest = hashlib.sha256(blob).hexdigest()
-        if entry is not None:
-            return entry if entry["sha256"] == digest and entry["ids"] == _ids_digest(ids) else None
-        data = load_file(path)
-        check_hidden_states(data, list(map(int, ids)))
-        if tuple(data["hidden_states"].shape[1:]) != (n_slots, hidden):
-            return None
-        return {"sha256": digest, "tokens": len(ids), "ids": _ids_digest(ids)}
-    except Exception:  # noqa: BLE001 (any unreadable or mismatched file is redone)
-        return None
-
-
 @dataclass
 class ExtractStats:
     samples: int
@@ -193,7 +161,7 @@ def extract(
     for i in existing:
         if i >= n:
             continue
-        entry = None if i in corrupt else _file_ok(hs_dir / f"hs_{i}.safetensors", old.get("files", {}).get(str(i)), rows[i], n_slots, verifier.hidden_size)
+        entry = None if i in corrupt else manifest.sound_entry(hs_dir / f"hs_{i}.safetensors", old.get("files", {}).get(str(i)), rows[i], n_slots, verifier.hidden_size)
         if entry is None:
             (hs_dir / f"hs_{i}.safetensors").unlink(missing_ok=True)
             redone += 1
@@ -222,7 +190,7 @@ def extract(
     def write(i, hs, event):
         if event is not None:
             event.synchronize()
-        return i, _write(hs_dir / f"hs_{i}.safetensors", rows[i], hs)
+        return i, manifest.write_sample(hs_dir / f"hs_{i}.safetensors", rows[i], hs)
 
     try:
         with progress_bar(total=len(todo), desc="Extracting hidden states", unit="sample", disable=not progress) as bar:

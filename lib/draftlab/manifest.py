@@ -1,4 +1,4 @@
-"""The manifest beside extracted hidden states: what made them, and a checksum per file.
+"""The manifest beside extracted hidden states: what made them, and a checksum per sample file.
 
 It is what lets a folder refuse data from another verifier or layer set (naming the field that
 differs) and lets an interrupted extraction resume without trusting a half-written file.
@@ -6,9 +6,14 @@ differs) and lets an interrupted extraction resume without trusting a half-writt
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from safetensors.torch import save as st_save
 
 from draftlab import DraftlabError
 
@@ -42,3 +47,34 @@ def check_identity(folder: Path, expected: dict) -> dict | None:
                 "dataset_name, or delete that folder to start over."
             )
     return found
+
+
+def ids_digest(ids) -> str:
+    return hashlib.sha256(torch.as_tensor(ids, dtype=torch.long).numpy().tobytes()).hexdigest()[:16]
+
+
+def write_sample(path: Path, token_ids, hs: torch.Tensor) -> dict:
+    """One sample file in speculators' layout, written under a temporary name and renamed."""
+    blob = st_save({"token_ids": torch.as_tensor(token_ids, dtype=torch.long), "hidden_states": hs.contiguous().cpu()})
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(blob)
+    os.replace(tmp, path)  # atomic: a file at its final name is always complete
+    return {"sha256": hashlib.sha256(blob).hexdigest(), "tokens": len(token_ids), "ids": ids_digest(token_ids)}
+
+
+def sound_entry(path: Path, entry: dict | None, ids, n_slots: int, hidden: int) -> dict | None:
+    """The manifest entry for a file already on disk if it is sound for this row, else None."""
+    from speculators.data_generation.offline import check_hidden_states
+
+    try:
+        blob = path.read_bytes()
+        digest = hashlib.sha256(blob).hexdigest()
+        if entry is not None:
+            return entry if entry["sha256"] == digest and entry["ids"] == ids_digest(ids) else None
+        data = load_file(path)
+        check_hidden_states(data, list(map(int, ids)))
+        if tuple(data["hidden_states"].shape[1:]) != (n_slots, hidden):
+            return None
+        return {"sha256": digest, "tokens": len(ids), "ids": ids_digest(ids)}
+    except Exception:  # noqa: BLE001 (any unreadable or mismatched file is redone)
+        return None

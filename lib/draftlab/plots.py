@@ -147,7 +147,7 @@ def block_heatmap(view, ax=None):
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
-    from draftlab.masks import block_states
+    from draftlab.mask_checks import block_states
 
     ax = ax or plt.subplots(figsize=(5, 4))[1]
     states = block_states(view.block).cpu().numpy()

@@ -205,7 +205,8 @@ def load_draft(path, verifier):
     `_attn_implementation` is not serialised; drafting with a KV cache uses sdpa (or eager), never flex."""
     from speculators import SpeculatorModel
 
-    from draftlab.draft import Draft, _train_config, head_view, load_model, verify
+    from draftlab.checkpoint import load_model
+    from draftlab.draft import Draft, _train_config, head_view, verify
 
     path = Path(path)
     if not (path / "config.json").exists():

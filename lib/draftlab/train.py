@@ -207,6 +207,4 @@ def summary(kind: str, records: list[dict]) -> dict:
 
 def check_reload(draft, path: Path, data: Path, pack_len: int) -> dict:
     """Reload a checkpoint through speculators and compare its outputs with the draft's on one held-out pack."""
-    from draftlab.draft import reload_check
-
-    return reload_check(draft, path, next(Packs(draft, open_split(draft, Path(data) / "eval", pack_len), pack_len, 0).all()))
+    return ckpt.reload_check(draft, path, next(Packs(draft, open_split(draft, Path(data) / "eval", pack_len), pack_len, 0).all()))

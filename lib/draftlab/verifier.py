@@ -240,15 +240,6 @@ def load_verifier(spec: str | Path | None = EMBEDDED, device: str = "auto", dtyp
     tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token  # batched generation and extraction need a pad id
-    return Verifier(
-        path=path,
-        model=model,
-        tokenizer=tok,
-        config=cfg,
-        embed=model.get_input_embeddings(),
-        layers=_find_layers(model, cfg.num_hidden_layers),
-        norm=_find_norm(model),
-        lm_head=lm_head,
-        nested=nested,
-        fingerprint=fingerprint(path),
-    )
+    return Verifier(path=path, model=model, tokenizer=tok, config=cfg, embed=model.get_input_embeddings(),
+                    layers=_find_layers(model, cfg.num_hidden_layers), norm=_find_norm(model), lm_head=lm_head,
+                    nested=nested, fingerprint=fingerprint(path))
