@@ -58,5 +58,6 @@ def main() -> None:
         print(f"| {threads} | {v.model.config._attn_implementation} | {len(batch)} | {mean:.0f} / {width} | {wall:.1f} | "
               f"{wall / out.shape[1] * 1000:.0f} | {real / wall:.0f} | {len(batch) * out.shape[1] / wall:.0f} |", flush=True)
 
+
 if __name__ == "__main__":
     main()

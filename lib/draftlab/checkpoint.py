@@ -132,8 +132,7 @@ def load_model(path: Path, cls, attention: str, device, dtype) -> torch.nn.Modul
 
 
 def reload(path: Path, like: Draft) -> Draft:
-    """Load a saved draft through speculators (`SpeculatorModel.from_pretrained`) and check it.
-    HF configs do not serialise `_attn_implementation`, so it is set again, as `speculators train` does."""
+    """Load a saved draft through speculators (`SpeculatorModel.from_pretrained`) and check it (`verify`)."""
     from draftlab.draft import Draft, verify
 
     model = load_model(path, type(like.model), like.attention, like.verifier.device, like.dtype)

@@ -90,27 +90,21 @@ BLOCK_COLOURS = ("#ffffff", "#f4a259", "#3d5a80")  # skipped, partial, full
 
 def screen_cells(dense: torch.Tensor, max_rows: int = 1024, max_cols: int = 2048) -> tuple[np.ndarray, int, int]:
     """(share of visible keys per cell, rows per cell, keys per cell): a mask larger than a figure
-    has pixels is averaged over whole cells first, on its own device. matplotlib resampling an
-    8192 x 24576 token mask itself takes 10-25 s per figure on a CPU; this takes well under one."""
+    has pixels is averaged over whole cells first (avg_pool2d; edge cells over the tokens they hold),
+    on its own device. matplotlib resampling an 8192 x 24576 token mask itself takes 10-25 s a figure."""
     q, kv = dense.shape
     fq, fk = -(-q // max_rows), -(-kv // max_cols)
-    if fq == fk == 1:
-        return dense.float().cpu().numpy(), 1, 1
-    rows, cols = -(-q // fq), -(-kv // fk)
-    padded = torch.zeros(rows * fq, cols * fk, dtype=torch.bool, device=dense.device)
-    padded[:q, :kv] = dense
-    seen = padded.view(rows, fq, cols, fk).sum(dim=(1, 3), dtype=torch.int32).float()
-    per_row = (torch.arange(rows, device=dense.device) * fq).sub(q).neg().clamp(max=fq)  # edge cells hold fewer tokens
-    per_col = (torch.arange(cols, device=dense.device) * fk).sub(kv).neg().clamp(max=fk)
-    return (seen / (per_row[:, None] * per_col[None, :])).cpu().numpy(), fq, fk
+    cells = torch.nn.functional.avg_pool2d(dense[None, None].float(), (fq, fk), ceil_mode=True)[0, 0]
+    return cells.cpu().numpy(), fq, fk
 
 
-def mask_heatmap(view, ax=None, max_labels: int = 12):
-    """Token-level mask (query rows, key columns) with documents, TTT steps and anchor blocks outlined."""
+def mask_heatmap(view, ax=None, max_labels: int = 12, max_cells: tuple[int, int] | None = (1024, 2048)):
+    """Token-level mask (query rows, key columns) with documents, TTT steps and anchor blocks outlined;
+    drawn over at most `max_cells` (rows, columns) screen cells, token by token when None."""
     from matplotlib.colors import LinearSegmentedColormap
 
     ax = ax or plt.subplots(figsize=(7, 5))[1]
-    img, fq, fk = screen_cells(view.dense)
+    img, fq, fk = screen_cells(view.dense, *(max_cells or view.dense.shape))
     ax.imshow(img, cmap=LinearSegmentedColormap.from_list("mask", ["#f7f7f7", "#1f6f8b"]), aspect="auto",
               interpolation="antialiased", vmin=0, vmax=1, extent=(-0.5, img.shape[1] * fk - 0.5, img.shape[0] * fq - 0.5, -0.5))
     ax.set_xlim(-0.5, view.kv_len - 0.5)

@@ -31,8 +31,9 @@ class NotebookFailed(RuntimeError):
 
 
 # A cell that outlives this is stuck, not slow (the longest default-profile cell on 2 CPU cores,
-# generating the answers in 01, takes about 6 minutes): nbclient can block forever on a kernel message (jupyter/nbclient#312), and a bounded
-# failure naming the cell beats a CI job killed at its wall clock with no summary.
+# generating the answers in 01, takes about 4 minutes): nbclient can block forever on a kernel
+# message (jupyter/nbclient#312), and a bounded failure naming the cell beats a CI job killed at its
+# wall clock with no summary.
 CELL_TIMEOUT_S = 1800
 
 
