@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--draft-vocab-size", type=int, nargs="+", default=[4096])
     ap.add_argument("--weight-decay", type=float, nargs="+", default=[0.01])
     ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--loader-workers", type=int, nargs="+", default=[-1], help="processes reading packs ahead; -1: draftlab picks")
     args = ap.parse_args()
 
     from loguru import logger
@@ -43,10 +44,11 @@ def main() -> None:
     logger.remove()
     data = config.data_dir() / "runs" / args.dataset
     v = load_verifier("smollm2")
-    print(f"| {args.kind} | TTT steps | lr | draft vocab | weight decay | steps x pack | wall (s) | held-out first-position accuracy (per eval) | per position (last eval) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| {args.kind} | TTT steps | lr | draft vocab | weight decay | loader workers | steps x pack | wall (s) | train tokens/s (median) "
+          "| held-out first-position accuracy (per eval) | per position (last eval) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     ttts = args.ttt if args.kind == "eagle3" else [0]
-    for lr, ttt, dv, wd in itertools.product(args.lr, ttts, args.draft_vocab_size, args.weight_decay):
+    for lr, ttt, dv, wd, lw in itertools.product(args.lr, ttts, args.draft_vocab_size, args.weight_decay, args.loader_workers):
         files = [data / "train" / f"{m}-{dv}.npy" for m in ("d2t", "t2d")]
         made = [] if files[0].exists() else files
         if made:
@@ -58,15 +60,19 @@ def main() -> None:
             for f in made:
                 f.unlink()
         s = train.Settings(steps=args.steps, learning_rate=lr, warmup_steps=20, pack_len=args.pack_len, ttt_steps=max(ttt, 1),
-                           eval_every=args.eval_every, checkpoint_every=10**9, weight_decay=wd)
+                           eval_every=args.eval_every, checkpoint_every=10**9, weight_decay=wd,
+                           loader_workers=None if lw < 0 else lw)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             run = train.train(d, data, s, run_dir=Path(tmp), progress=False)
             wall = time.perf_counter() - t0
             evals = [r for r in train.read_metrics(run) if r["split"] == "eval"]
+            speed = train.summary(args.kind, train.read_metrics(run))["train tokens/s (median)"]
+            workers = d.report()["data loading"]
         accs = ", ".join(f"{train.first_accuracy(args.kind, r):.3f}" for r in evals)
         pos = ", ".join(f"{k}: {a:.3f}" for k, a in train.position_accuracies(args.kind, evals[-1]).items() if k <= 5)
-        print(f"| {args.dataset} | {ttt or '-'} | {lr:g} | {dv} | {wd:g} | {args.steps} x {args.pack_len} | {wall:.0f} | {accs} | {pos} |", flush=True)
+        print(f"| {args.dataset} | {ttt or '-'} | {lr:g} | {dv} | {wd:g} | {workers.split('  (')[0]} | {args.steps} x {args.pack_len} "
+              f"| {wall:.0f} | {speed:.0f} | {accs} | {pos} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ run)
   export PYTHONPATH="/tmp/site:$PWD/lib" PYTHONUNBUFFERED=1
   log="/tmp/draftlab-$tag.log"
   if [ ! -f "$log" ]; then
-    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; nproc; df -h /dev/shm || true
     setsid nohup bash -c "python3 -m draftlab run --profile ${PROFILE:-gpu} --only $nbs > $log 2>&1; echo \$? > $log.rc" \
       < /dev/null > /dev/null 2>&1 &
   fi
@@ -62,6 +62,7 @@ run)
   tar czf "$out/${PROFILE:-gpu}-$tag.tar.gz" $(find "outputs/${PROFILE:-gpu}" -type f -size -2M) \
     $(ls data/runs/smollm2-"${PROFILE:-gpu}"/drafts/*/metrics.jsonl 2>/dev/null) || true
   grep -a -A12 "^notebook " "$log" || tail -c 3000 "$log"
+  for nb in ${nbs//,/ }; do python3 benchmarks/cell_times.py outputs/"${PROFILE:-gpu}"/"$nb"_*.ipynb || true; done
   for f in outputs/"${PROFILE:-gpu}"/0?/summary.json outputs/"${PROFILE:-gpu}"/05/metrics.json; do
     [ -f "$f" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d, default=str)[:1500])" "$f"
   done

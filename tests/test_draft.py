@@ -243,3 +243,21 @@ def test_an_odd_pack_is_left_alone_under_sdpa(tiny, eagle, data_dir):
     with torch.no_grad():
         eagle.forward(batch)
     assert "pack length" not in eagle.choices
+
+
+def test_one_off_forwards_skip_torch_compile():
+    """Notebook 03's walk-through and reload checks run once: on CUDA they must not pay a compile."""
+    from draftlab.draft_inspect import one_off
+
+    graphs = []
+
+    def counting_backend(gm, _inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    f = torch.compile(lambda x: x * 2 + 1, backend=counting_backend)
+    with one_off():
+        assert f(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
+    assert graphs == []
+    f(torch.ones(3))
+    assert len(graphs) == 1

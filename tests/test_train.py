@@ -62,6 +62,25 @@ def test_twenty_steps_equal_ten_plus_resume_plus_ten(tiny, data, tmp_path, kind)
     assert a[0]["loss"] > a[-2]["loss"], "training should lower the loss"
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_packs_read_ahead_by_worker_processes_train_exactly_the_same(tiny, data, tmp_path, kind):
+    runs = [train(make(tiny, data, kind), data, Settings(**{**S, "steps": 8, "loader_workers": w}), tmp_path / str(w),
+                  progress=False) for w in (0, 2)]
+    a, b = (read_metrics(r) for r in runs)
+    assert [r["split"] for r in a] == [r["split"] for r in b] == ["train"] * 8 + ["eval"]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b] and [r.get("epoch") for r in a] == [r.get("epoch") for r in b]
+
+
+def test_loader_workers_only_where_the_gpu_would_wait():
+    from draftlab.train_data import loader_workers
+
+    assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30)[0] == 4
+    small = loader_workers(None, "cuda:0", cpus=16, shm_free=64 << 20)
+    assert small[0] == 0 and "/dev/shm has 64 MiB free" in small[1] and "--shm-size" in small[1]
+    assert loader_workers(None, "cpu", cpus=16)[0] == 0 and loader_workers(None, "cuda:0", cpus=2)[0] == 0
+    assert loader_workers(3, "cpu") == (3, "as asked (loader_workers)")
+
+
 def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data):
     d = make(tiny, data)
     run = train(d, data, Settings(**{**S, "steps": 6, "eval_every": 3, "checkpoint_every": 2}), progress=False)

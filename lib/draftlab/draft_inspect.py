@@ -5,6 +5,8 @@ Read-only views for the walk-through; building and checking drafts is `draftlab.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from draftlab.draft import Draft
@@ -28,6 +30,15 @@ def first_agreement(draft: Draft, metrics: dict) -> float:
     return float(metrics[f"{key}_sum"] / metrics[f"{key}_total"].clamp(min=1))
 
 
+@contextmanager
+def one_off():
+    """Forwards inside run eagerly. On CUDA speculators compiles the draft's forward; a forward run
+    once or twice (this walk-through, a reload check) would spend tens of seconds compiling for
+    nothing, and hooks see the modules as they run."""
+    with torch.compiler.set_stance("force_eager"):
+        yield
+
+
 @torch.no_grad()
 def forward_shapes(draft: Draft, batch: dict) -> tuple[tuple, list[dict]]:
     """The forward's result and the shape of every tensor entering it or leaving a top-level
@@ -46,7 +57,8 @@ def forward_shapes(draft: Draft, batch: dict) -> tuple[tuple, list[dict]]:
     mods = [(n, m) for n, m in draft.model.named_modules() if n and "." not in n.removeprefix("layers.") and not isinstance(m, torch.nn.ModuleList)]
     handles = [m.register_forward_hook(hook(n)) for n, m in mods]
     try:
-        out = draft.forward(batch)
+        with one_off():
+            out = draft.forward(batch)
     finally:
         for h in handles:
             h.remove()

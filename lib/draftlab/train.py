@@ -24,10 +24,10 @@ from draftlab import DraftlabError
 from draftlab import checkpoint as ckpt
 from draftlab.config import data_dir
 from draftlab.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
-from draftlab.train_data import Packs, open_split, tokens
+from draftlab.train_data import Packs, loader_workers, open_split, tokens
 
 # Settings that change how often things happen, not what is trained: free to differ on resume.
-CADENCE = ("eval_every", "checkpoint_every", "eval_packs", "keep_checkpoints")
+CADENCE = ("eval_every", "checkpoint_every", "eval_packs", "keep_checkpoints", "loader_workers")
 
 
 @dataclass
@@ -46,6 +46,7 @@ class Settings:
     checkpoint_every: int = 50
     eval_packs: int | None = None  # None: the whole held-out split
     keep_checkpoints: int = 2
+    loader_workers: int | None = None  # processes reading packs ahead; None: train_data.loader_workers picks
 
 
 def run_folder(dataset_name: str, kind: str) -> Path:
@@ -150,11 +151,12 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
         torch.manual_seed(s.seed)
     end = min(s.steps, stop_after or s.steps)
     metrics_path = run_dir / "metrics.jsonl"
+    workers, why = loader_workers(s.loader_workers, str(draft.model.fc.weight.device))
+    draft.choices["data loading"] = (f"{workers} loader processes" if workers else "in process", why)
     draft.model.train()
     bar = progress_bar(total=end, initial=step, desc=f"train {draft.kind}", disable=not progress)
-    while step < end:
-        t0 = time.perf_counter()
-        batch, position = train_packs.at(step)
+    t0 = time.perf_counter()
+    for batch, position in train_packs.stream(step, end, workers):
         lr = sched.get_last_lr()[0]
         _, loss, m = draft.forward(batch)
         if not torch.isfinite(loss):
@@ -177,6 +179,7 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
             _log(metrics_path, {"step": step, "split": "eval", "lr": lr, **evaluate(draft, eval_packs, s.eval_packs)})
         if step % s.checkpoint_every == 0 or step == end:
             ckpt.save(run_dir, draft, step, opt, sched, train_packs.position(step), hp, s.keep_checkpoints)
+        t0 = time.perf_counter()  # a step's time includes waiting for its pack, not the evaluation before it
     bar.close()
     if step >= s.steps:
         ckpt.write_final(run_dir, draft)

@@ -88,10 +88,62 @@ class Packs:
         epoch, k = self.position(step)
         return self.batch(self.epoch(epoch)[k]), (epoch, k)
 
+    def stream(self, start: int, end: int, workers: int = 0):
+        """(batch, position) for global steps start..end-1, in order. With `workers` > 0 they are read
+        and collated ahead by that many processes (torch's DataLoader; the order is still `at`'s)."""
+        if workers == 0 or end <= start:
+            yield from (self.at(s) for s in range(start, end))
+            return
+        from torch.utils.data import DataLoader
+
+        self.position(end - 1)  # walk the epochs here, once, not in every worker
+        # Its own generator: starting workers would otherwise draw from the global RNG, and shift
+        # DFlash's random anchors away from those of an in-process run.
+        yield from DataLoader(_Steps(self, start, end), batch_size=None, num_workers=workers, prefetch_factor=4,
+                              generator=torch.Generator().manual_seed(self.seed))
+
     def all(self, limit: int | None = None):
         """Every pack of epoch 0 (a fixed order, so evaluations are comparable), at most `limit`."""
         for indices in self.epoch(0)[:limit]:
             yield self.batch(indices)
+
+
+class _Steps(torch.utils.data.Dataset):
+    """Steps start..end-1 as a map-style dataset, so DataLoader workers can load them ahead."""
+
+    def __init__(self, packs: Packs, start: int, end: int):
+        self.packs, self.start, self.end = packs, start, end
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def __getitem__(self, i: int):
+        return self.packs.at(self.start + i)
+
+
+def loader_workers(requested: int | None, device: str, cpus: int | None = None, shm_free: int | None = None) -> tuple[int, str]:
+    """How many processes read packs ahead of training, and why.
+
+    Reading a pack (Arrow rows to tensors, then speculators' collate) is Python-bound: on the H200
+    it took about as long as a whole training step, so the GPU waited on it every step. On CUDA
+    worker processes read ahead while the GPU trains; on CPU the cores are the trainer's. Workers
+    hand packs over through /dev/shm, which containers often keep small.
+    """
+    import os
+    import shutil
+
+    if requested is not None:
+        return requested, "as asked (loader_workers)"
+    cpus = cpus or os.cpu_count() or 1
+    if not device.startswith("cuda") or cpus < 4:
+        return 0, "CPU (or few cores): packs are read in the training process, between steps"
+    if shm_free is None:
+        shm_free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
+    if shm_free < 2 << 30:
+        return 0, (f"CUDA, but /dev/shm has {shm_free >> 20} MiB free and worker processes pass packs through it: read in "
+                   f"process (give the container more shared memory, e.g. docker --shm-size=8g, to read ahead)")
+    n = min(4, cpus // 4)
+    return n, f"CUDA: {n} processes read and collate packs while the GPU trains ({cpus} CPUs here)"
 
 
 def tokens(batch: dict) -> int:
