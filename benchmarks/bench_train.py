@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -45,8 +46,8 @@ def main() -> None:
     data = config.data_dir() / "runs" / args.dataset
     v = load_verifier("smollm2")
     print(f"| {args.kind} | TTT steps | lr | draft vocab | weight decay | loader workers | steps x pack | wall (s) | train tokens/s (median) "
-          "| held-out first-position accuracy (per eval) | per position (last eval) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| eval s (first / median) | held-out first-position accuracy (per eval) | per position (last eval) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     ttts = args.ttt if args.kind == "eagle3" else [0]
     for lr, ttt, dv, wd, lw in itertools.product(args.lr, ttts, args.draft_vocab_size, args.weight_decay, args.loader_workers):
         files = [data / "train" / f"{m}-{dv}.npy" for m in ("d2t", "t2d")]
@@ -72,7 +73,8 @@ def main() -> None:
         accs = ", ".join(f"{train.first_accuracy(args.kind, r):.3f}" for r in evals)
         pos = ", ".join(f"{k}: {a:.3f}" for k, a in train.position_accuracies(args.kind, evals[-1]).items() if k <= 5)
         print(f"| {args.dataset} | {ttt or '-'} | {lr:g} | {dv} | {wd:g} | {workers.split('  (')[0]} | {args.steps} x {args.pack_len} "
-              f"| {wall:.0f} | {speed:.0f} | {accs} | {pos} |", flush=True)
+              f"| {wall:.0f} | {speed:.0f} | {evals[0]['seconds']:.1f} / {statistics.median(r['seconds'] for r in evals):.1f} | {accs} | {pos} |",
+              flush=True)
 
 
 if __name__ == "__main__":

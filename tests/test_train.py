@@ -182,3 +182,36 @@ def test_offline_alpha_drafts_k_positions_and_leaves_the_draft_as_it_was(tiny, d
     assert len(three) == 3 and len(five) == 5 and all(0.0 <= a <= 1.0 for a in five)
     assert five[:3] == pytest.approx(three), "a position's teacher-forced acceptance cannot depend on later positions"
     assert d.train_kwargs == before and len(offline_alpha(d, data / "eval")) == before["ttt_steps"]
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data, kind):
+    """On CUDA evaluation reuses the compiled training graph (grad on, training mode): same metrics."""
+    from draftlab.train import dropout_free, evaluate
+    from draftlab.train_data import Packs, open_split
+
+    d = make(tiny, data, kind)
+    assert dropout_free(d.model)
+    d.train_kwargs.update(max_anchors=8) if kind == "dflash" else d.train_kwargs.update(ttt_steps=2)
+    packs = Packs(d, open_split(d, data / "eval", 96), 96, 0)
+    plain, reused = evaluate(d, packs, reuse_graph=False), evaluate(d, packs, reuse_graph=True)
+    assert d.model.training and all(p.grad is None for p in d.model.parameters())
+    for r in (plain, reused):
+        r.pop("tokens_per_s"), r.pop("seconds")
+    assert plain.keys() == reused.keys() and len(plain) > 2
+    torch.testing.assert_close(reused, plain)
+
+
+def test_a_draft_with_dropout_is_evaluated_in_eval_mode_without_grad(tiny, data):
+    from draftlab.train import dropout_free, evaluate
+    from draftlab.train_data import Packs, open_split
+
+    d = make(tiny, data)
+    seen = []
+    d.model.register_forward_pre_hook(lambda m, _args: seen.append((m.training, torch.is_grad_enabled())))
+    packs = Packs(d, open_split(d, data / "eval", 96), 96, 0)
+    evaluate(d, packs, limit=1, reuse_graph=True)
+    d.model.extra = torch.nn.Dropout(0.1)
+    assert not dropout_free(d.model)
+    evaluate(d, packs, limit=1, reuse_graph=True)
+    assert seen == [(True, True), (False, False)] and d.model.training
