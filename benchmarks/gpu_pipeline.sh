@@ -10,8 +10,8 @@
 #   carry [".smol/part.ab", ".whl"]:  bash benchmarks/gpu_pipeline.sh run 01,02,03
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 04   (again while it says "still running")
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 05
-# Measured there: 01-03 in 432 s, 04 in 302 s at 600 steps (about 9 minutes estimated at the profile's
-# 1500), 05 in 279 s. A call waits at most WAIT_S (540) seconds; a longer run goes on in the background.
+# Measured there (1500 steps): 01-03 in 287 s, 04 in 475 s, 05 in 398 s. A call waits at most WAIT_S
+# (540) seconds; a longer run goes on in the background.
 # Figures, summaries and training metrics come back as $OUT/gpu-<notebooks>.tar.gz, the log as
 # $OUT/log-<notebooks>.txt; the timing table and the summaries are printed last. PROFILE=ci and
 # SKIP_INSTALL=1 try the same steps on this machine.
