@@ -14,6 +14,7 @@ import json
 import math
 import shutil
 import time
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -170,30 +171,32 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
     draft.model.train()
     bar = progress_bar(total=end, initial=step, desc=f"train {draft.kind}", disable=not progress)
     t0 = time.perf_counter()
-    for batch, position in train_packs.stream(step, end, workers):
-        lr = sched.get_last_lr()[0]
-        _, loss, m = draft.forward(batch)
-        if not torch.isfinite(loss):
-            raise DraftlabError(f"loss is {loss.item()} at step {step + 1}: training stopped. Last good checkpoint: {ckpt.latest(run_dir)}. "
-                                f"Lower learning_rate (now {s.learning_rate}) or check the data of this pack.")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_([p for p in draft.model.parameters() if p.requires_grad], s.grad_clip)
-        if not torch.isfinite(norm):
-            raise DraftlabError(f"gradient norm is {norm.item()} at step {step + 1}: training stopped. Last good checkpoint: {ckpt.latest(run_dir)}.")
-        opt.step()
-        sched.step()
-        step += 1
-        record = {"step": step, "split": "train", "loss": loss.item(), "lr": lr, "grad_norm": norm.item(),
-                  "tokens_per_s": tokens(batch) / (time.perf_counter() - t0), "epoch": position[0], **normalise(m)}
-        _log(metrics_path, record)
-        bar.update(1)
-        bar.set_postfix(loss=f"{record['loss']:.3f}", acc0=f"{first_accuracy(draft.kind, record):.2f}")
-        if step % s.eval_every == 0 or step == s.steps:
-            _log(metrics_path, {"step": step, "split": "eval", "lr": lr, **evaluate(draft, eval_packs, s.eval_packs)})
-        if step % s.checkpoint_every == 0 or step == end:
-            ckpt.save(run_dir, draft, step, opt, sched, train_packs.position(step), hp, s.keep_checkpoints)
-        t0 = time.perf_counter()  # a step's time includes waiting for its pack, not the evaluation before it
+    batches = train_packs.stream(step, end, workers)
+    with closing(batches):  # a stop (NaN, interrupt) ends the loader's worker processes at once
+        for batch, position in batches:
+            lr = sched.get_last_lr()[0]
+            _, loss, m = draft.forward(batch)
+            if not torch.isfinite(loss):
+                raise DraftlabError(f"loss is {loss.item()} at step {step + 1}: training stopped. Last good checkpoint: {ckpt.latest(run_dir)}. "
+                                    f"Lower learning_rate (now {s.learning_rate}) or check the data of this pack.")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_([p for p in draft.model.parameters() if p.requires_grad], s.grad_clip)
+            if not torch.isfinite(norm):
+                raise DraftlabError(f"gradient norm is {norm.item()} at step {step + 1}: training stopped. Last good checkpoint: {ckpt.latest(run_dir)}.")
+            opt.step()
+            sched.step()
+            step += 1
+            record = {"step": step, "split": "train", "loss": loss.item(), "lr": lr, "grad_norm": norm.item(),
+                      "tokens_per_s": tokens(batch) / (time.perf_counter() - t0), "epoch": position[0], **normalise(m)}
+            _log(metrics_path, record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", acc0=f"{first_accuracy(draft.kind, record):.2f}")
+            if step % s.eval_every == 0 or step == s.steps:
+                _log(metrics_path, {"step": step, "split": "eval", "lr": lr, **evaluate(draft, eval_packs, s.eval_packs)})
+            if step % s.checkpoint_every == 0 or step == end:
+                ckpt.save(run_dir, draft, step, opt, sched, train_packs.position(step), hp, s.keep_checkpoints)
+            t0 = time.perf_counter()  # a step's time includes waiting for its pack, not the evaluation before it
     bar.close()
     if step >= s.steps:
         ckpt.write_final(run_dir, draft)
