@@ -196,7 +196,8 @@ def test_offline_alpha_drafts_k_positions_and_leaves_the_draft_as_it_was(tiny, d
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data, kind):
     """On CUDA evaluation reuses the compiled training graph (grad on, training mode): same metrics."""
-    from draftlab.train import dropout_free, evaluate
+    from draftlab.draft_checks import dropout_free
+    from draftlab.train import evaluate
     from draftlab.train_data import Packs, open_split
 
     d = make(tiny, data, kind)
@@ -211,8 +212,22 @@ def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data
     torch.testing.assert_close(reused, plain)
 
 
+def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, monkeypatch):
+    from draftlab import draft_checks
+
+    d = make(tiny, data)
+    run = train(d, data, Settings(**{**S, "steps": 2}), progress=False)
+    monkeypatch.setattr(draft_checks, "forward_is_compiled", lambda: True)  # what CUDA would say
+    seen = []
+    d.model.register_forward_pre_hook(lambda m, _args: seen.append((m.training, torch.is_grad_enabled())))
+    d.model.eval()
+    r = check_reload(d, run / "final", data, 96)
+    assert r["identical tensors"] and r["identical outputs"] and seen == [(True, True)] and not d.model.training
+
+
 def test_a_draft_with_dropout_is_evaluated_in_eval_mode_without_grad(tiny, data):
-    from draftlab.train import dropout_free, evaluate
+    from draftlab.draft_checks import dropout_free
+    from draftlab.train import evaluate
     from draftlab.train_data import Packs, open_split
 
     d = make(tiny, data)

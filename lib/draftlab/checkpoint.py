@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from draftlab import DraftlabError
+from draftlab.draft_checks import inference
 
 if TYPE_CHECKING:
     from draftlab.draft import Draft
@@ -141,22 +142,19 @@ def reload(path: Path, like: Draft) -> Draft:
     return draft
 
 
-@torch.no_grad()
 def reload_check(like: Draft, path: Path, batch: dict) -> dict:
-    """Reload `path` through speculators and run it and `like` on one batch, same seed, same mode.
+    """Reload `path` through speculators and run it and `like` on one batch, same seed, same mode
+    (`draft_checks.inference`: on CUDA the compiled training graph, no second compile).
     The original is re-run rather than remembered: another code path (hooks under torch.compile)
     rounds differently in bf16, which is not a checkpoint fault."""
     again = reload(path, like)
     state = again.model.state_dict()
     same_tensors = all(torch.equal(t, state[k]) for k, t in like.model.state_dict().items())
-    was = like.model.training
     outs = []
     for d in (like, again):
-        d.model.eval()
-        with torch.random.fork_rng(devices=[]):
+        with inference(d.model), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             outs.append(d.forward(batch))
-    like.model.train(was)
     (t1, l1, m1), (t2, l2, m2) = outs
     tokens_same = t1 is None and t2 is None or all(torch.equal(a, b) for a, b in zip(t1, t2, strict=True))  # DFlash returns None
     same = l1.item() == l2.item() and tokens_same and all(torch.equal(m1[k], m2[k]) for k in m1)

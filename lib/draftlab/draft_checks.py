@@ -8,6 +8,7 @@ around were seen on the lent H200 and cannot be reproduced here.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 
 import torch
 from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE as FLEX_BLOCK
@@ -29,6 +30,31 @@ def forward_is_compiled() -> bool:
     """speculators wraps forward in torch.compile at import time iff CUDA is visible, whatever the
     device the draft sits on (`speculators.models.utils.conditional_torch_compile`)."""
     return torch.cuda.is_available() and hasattr(torch, "compile")
+
+
+def dropout_free(model: torch.nn.Module) -> bool:
+    """True when training mode computes what eval mode does: no dropout module or attention dropout above 0."""
+    return not any((isinstance(m, torch.nn.Dropout) and m.p > 0) or (getattr(m, "attention_dropout", 0) or 0) > 0
+                   for m in model.modules())
+
+
+@contextmanager
+def inference(model: torch.nn.Module, reuse_graph: bool | None = None):
+    """For forwards whose outputs are only read (held-out evaluation, reload checks); yields whether
+    they run on the training graph.
+
+    Where the forward is compiled (CUDA) they run as training does, gradients on and in training
+    mode (nothing is backpropagated), so the compiled training graph serves them: no-grad eval mode
+    is a second graph, about 25 s of compiling per draft on the H200. Only a draft without dropout
+    qualifies, so the outputs are eval mode's; elsewhere eval mode without gradients."""
+    reuse = (forward_is_compiled() if reuse_graph is None else reuse_graph) and dropout_free(model)
+    was = model.training
+    model.train(reuse)
+    try:
+        with torch.set_grad_enabled(reuse):
+            yield reuse
+    finally:
+        model.train(was)
 
 
 def pick_loss(device: str, compiled: bool, torch_version: str, speculators_version: str, force: str | None = None) -> tuple[str, str]:

@@ -88,33 +88,18 @@ def normalise(sums: dict) -> dict:
 def evaluate(draft, packs: Packs, limit: int | None = None, seed: int = 0, reuse_graph: bool | None = None) -> dict:
     """Held-out metrics, summed over packs before dividing (so each token counts once). RNG is
     forked and seeded, so DFlash's random anchors are the same at every evaluation and training's
-    random stream is untouched.
-
-    Where the forward is compiled (CUDA), evaluation runs as training does, gradients on and in
-    training mode (nothing is backpropagated), so the compiled training graph serves it: a no-grad
-    graph is a second compile, about 25 s per draft on the H200, for a few packs. Only a draft
-    without dropout qualifies, so the outputs are eval mode's."""
-    reuse = draft_checks.forward_is_compiled() if reuse_graph is None else reuse_graph
-    reuse = reuse and dropout_free(draft.model)
-    draft.model.train(reuse)
+    random stream is untouched. On CUDA the compiled training graph serves it (`draft_checks.inference`)."""
     sums: dict = {}
     n, t0 = 0, time.perf_counter()
-    with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(reuse):
+    with torch.random.fork_rng(devices=[]), draft_checks.inference(draft.model, reuse_graph):
         torch.manual_seed(seed)
         for batch in packs.all(limit):
             _, _, m = draft.forward(batch)
             for k, v in m.items():
                 sums[k] = sums.get(k, 0) + v.detach().float().cpu()
             n += tokens(batch)
-    draft.model.train()
     seconds = time.perf_counter() - t0
     return {**normalise(sums), "tokens_per_s": n / seconds, "seconds": seconds}
-
-
-def dropout_free(model: torch.nn.Module) -> bool:
-    """True when training mode computes what eval mode does: no dropout module or attention dropout above 0."""
-    return not any((isinstance(m, torch.nn.Dropout) and m.p > 0) or (getattr(m, "attention_dropout", 0) or 0) > 0
-                   for m in model.modules())
 
 
 def _log(path: Path, record: dict) -> None:
