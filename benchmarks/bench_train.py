@@ -69,10 +69,10 @@ def main() -> None:
             wall = time.perf_counter() - t0
             evals = [r for r in train.read_metrics(run) if r["split"] == "eval"]
             speed = train.summary(args.kind, train.read_metrics(run))["train tokens/s (median)"]
-            workers = d.report()["data loading"]
+            workers = d.choices["data loading"][0]
         accs = ", ".join(f"{train.first_accuracy(args.kind, r):.3f}" for r in evals)
         pos = ", ".join(f"{k}: {a:.3f}" for k, a in train.position_accuracies(args.kind, evals[-1]).items() if k <= 5)
-        print(f"| {args.dataset} | {ttt or '-'} | {lr:g} | {dv} | {wd:g} | {workers.split('  (')[0]} | {args.steps} x {args.pack_len} "
+        print(f"| {args.dataset} | {ttt or '-'} | {lr:g} | {dv} | {wd:g} | {workers} | {args.steps} x {args.pack_len} "
               f"| {wall:.0f} | {speed:.0f} | {evals[0]['seconds']:.1f} / {statistics.median(r['seconds'] for r in evals):.1f} | {accs} | {pos} |",
               flush=True)
 

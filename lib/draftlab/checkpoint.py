@@ -102,7 +102,7 @@ def load(path: Path, draft, optimizer, scheduler, hp: dict) -> dict:
 
     state = torch.load(Path(path) / STATE, weights_only=False)
     check_same(state["hparams"], hp, path)
-    weights = load_file(Path(path) / "model.safetensors", device=str(draft.model.fc.weight.device))
+    weights = load_file(Path(path) / "model.safetensors", device=str(draft.device))
     missing, unexpected = draft.model.load_state_dict(weights, strict=False)
     trainable = {n for n, p in draft.model.named_parameters() if p.requires_grad}
     if unexpected or trainable & set(missing):

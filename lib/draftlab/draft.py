@@ -50,6 +50,10 @@ class Draft:
     def dtype(self) -> torch.dtype:
         return self.model.fc.weight.dtype
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
+
     def forward(self, batch: dict, cast: bool = False, **overrides):
         """speculators' training forward on one packed batch, after draftlab's checks; a pack length
         the flex BlockMask cannot serve is padded (and the choice recorded). `overrides` replace
@@ -63,8 +67,7 @@ class Draft:
             self.choices["pack length"] = (n, why)
         checks.check_pack(batch, self.kind, self.attention)
         names = ("hidden_states", "input_ids", "loss_mask", "verifier_last_hidden_states", "document_ids", "position_ids")
-        dev = self.model.fc.weight.device
-        return self.model(**{k: batch[k].to(dev) for k in names if k in batch}, **{**self.train_kwargs, **overrides})
+        return self.model(**{k: batch[k].to(self.device) for k in names if k in batch}, **{**self.train_kwargs, **overrides})
 
     def report(self) -> dict:
         return {what: f"{choice}  ({why})" for what, (choice, why) in self.choices.items()}

@@ -40,8 +40,7 @@ def dropout_free(model: torch.nn.Module) -> bool:
 
 @contextmanager
 def inference(model: torch.nn.Module, reuse_graph: bool | None = None):
-    """For forwards whose outputs are only read (held-out evaluation, reload checks); yields whether
-    they run on the training graph.
+    """For forwards whose outputs are only read (held-out evaluation, reload checks).
 
     Where the forward is compiled (CUDA) they run as training does, gradients on and in training
     mode (nothing is backpropagated), so the compiled training graph serves them: no-grad eval mode
@@ -52,7 +51,7 @@ def inference(model: torch.nn.Module, reuse_graph: bool | None = None):
     model.train(reuse)
     try:
         with torch.set_grad_enabled(reuse):
-            yield reuse
+            yield
     finally:
         model.train(was)
 

@@ -151,7 +151,7 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
         torch.manual_seed(s.seed)
     end = min(s.steps, stop_after or s.steps)
     metrics_path = run_dir / "metrics.jsonl"
-    workers, why = loader_workers(s.loader_workers, str(draft.model.fc.weight.device))
+    workers, why = loader_workers(s.loader_workers, str(draft.device))
     draft.choices["data loading"] = (f"{workers} loader processes" if workers else "in process", why)
     draft.model.train()
     bar = progress_bar(total=end, initial=step, desc=f"train {draft.kind}", disable=not progress)

@@ -97,28 +97,16 @@ class Packs:
         from torch.utils.data import DataLoader
 
         self.position(end - 1)  # walk the epochs here, once, not in every worker
-        # Its own generator: starting workers would otherwise draw from the global RNG, and shift
-        # DFlash's random anchors away from those of an in-process run.
-        yield from DataLoader(_Steps(self, start, end), batch_size=None, num_workers=workers, prefetch_factor=4,
+        # The steps themselves are the dataset and `at` the collate, run in the workers. Its own
+        # generator: starting workers would otherwise draw from the global RNG, and shift DFlash's
+        # random anchors away from those of an in-process run.
+        yield from DataLoader(range(start, end), batch_size=None, collate_fn=self.at, num_workers=workers, prefetch_factor=4,
                               generator=torch.Generator().manual_seed(self.seed))
 
     def all(self, limit: int | None = None):
         """Every pack of epoch 0 (a fixed order, so evaluations are comparable), at most `limit`."""
         for indices in self.epoch(0)[:limit]:
             yield self.batch(indices)
-
-
-class _Steps(torch.utils.data.Dataset):
-    """Steps start..end-1 as a map-style dataset, so DataLoader workers can load them ahead."""
-
-    def __init__(self, packs: Packs, start: int, end: int):
-        self.packs, self.start, self.end = packs, start, end
-
-    def __len__(self) -> int:
-        return self.end - self.start
-
-    def __getitem__(self, i: int):
-        return self.packs.at(self.start + i)
 
 
 def loader_workers(requested: int | None, device: str, cpus: int | None = None, shm_free: int | None = None) -> tuple[int, str]:
