@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--weight-decay", type=float, nargs="+", default=[0.01])
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--loader-workers", type=int, nargs="+", default=[-1], help="processes reading packs ahead; -1: draftlab picks")
+    ap.add_argument("--compile-times", action="store_true", help="print torch.compile's time per phase after each setting (CUDA); "
+                    "with TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 each setting compiles from scratch")
     args = ap.parse_args()
 
     from loguru import logger
@@ -45,9 +47,9 @@ def main() -> None:
     logger.remove()
     data = config.data_dir() / "runs" / args.dataset
     v = load_verifier("smollm2")
-    print(f"| {args.kind} | TTT steps | lr | draft vocab | weight decay | loader workers | steps x pack | wall (s) | train tokens/s (median) "
+    print(f"| {args.kind} | TTT steps | lr | draft vocab | weight decay | loader workers | steps x pack | wall (s) | first step (s) | train tokens/s (median) "
           "| eval s (first / median) | held-out first-position accuracy (per eval) | per position (last eval) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     ttts = args.ttt if args.kind == "eagle3" else [0]
     for lr, ttt, dv, wd, lw in itertools.product(args.lr, ttts, args.draft_vocab_size, args.weight_decay, args.loader_workers):
         files = [data / "train" / f"{m}-{dv}.npy" for m in ("d2t", "t2d")]
@@ -68,13 +70,17 @@ def main() -> None:
             run = train.train(d, data, s, run_dir=Path(tmp), progress=False)
             wall = time.perf_counter() - t0
             evals = [r for r in train.read_metrics(run) if r["split"] == "eval"]
-            speed = train.summary(args.kind, train.read_metrics(run))["train tokens/s (median)"]
+            summ = train.summary(args.kind, train.read_metrics(run))
             workers = d.choices["data loading"][0]
         accs = ", ".join(f"{train.first_accuracy(args.kind, r):.3f}" for r in evals)
         pos = ", ".join(f"{k}: {a:.3f}" for k, a in train.position_accuracies(args.kind, evals[-1]).items() if k <= 5)
         print(f"| {args.dataset} | {ttt or '-'} | {lr:g} | {dv} | {wd:g} | {workers} | {args.steps} x {args.pack_len} "
-              f"| {wall:.0f} | {speed:.0f} | {evals[0]['seconds']:.1f} / {statistics.median(r['seconds'] for r in evals):.1f} | {accs} | {pos} |",
+              f"| {wall:.0f} | {summ['first step (s)']:.1f} | {summ['train tokens/s (median)']:.0f} | {evals[0]['seconds']:.1f} / {statistics.median(r['seconds'] for r in evals):.1f} | {accs} | {pos} |",
               flush=True)
+        if args.compile_times:
+            from torch._dynamo.utils import compile_times
+
+            print(compile_times(repr="str", aggregate=True), flush=True)
 
 
 if __name__ == "__main__":

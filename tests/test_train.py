@@ -11,7 +11,7 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.draft import build_draft
-from draftlab.train import Settings, check_reload, final_checkpoint, read_metrics, train
+from draftlab.train import Settings, check_reload, final_checkpoint, read_metrics, summary, train
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 IDS = [2, 4, 5]
@@ -96,6 +96,8 @@ def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data):
     assert {"step", "split", "loss", "lr", "tokens_per_s", "full_acc_0", "full_acc_2", "cond_acc_1"} <= set(train_rec[0])
     assert train_rec[0]["lr"] == 0.0 and max(r["lr"] for r in train_rec) == pytest.approx(3e-3)  # warm-up then cosine
     assert [r["step"] for r in rec if r["split"] == "eval"] == [3, 6]
+    assert all(r["seconds"] > 0 and 0 < round(r["tokens_per_s"] * r["seconds"]) <= 96 for r in train_rec)  # tokens of one pack
+    assert summary("eagle3", rec)["first step (s)"] == train_rec[0]["seconds"]
     r = check_reload(d, final_checkpoint("tiny", "eagle3"), data, 96)
     assert r["identical tensors"] and r["identical outputs"] and r["loss"] == r["reloaded loss"]
 

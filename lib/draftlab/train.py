@@ -172,8 +172,9 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
             opt.step()
             sched.step()
             step += 1
-            record = {"step": step, "split": "train", "loss": loss.item(), "lr": lr, "grad_norm": norm.item(),
-                      "tokens_per_s": tokens(batch) / (time.perf_counter() - t0), "epoch": position[0], **normalise(m)}
+            loss_value, seconds = loss.item(), time.perf_counter() - t0  # item() waits for the device
+            record = {"step": step, "split": "train", "loss": loss_value, "lr": lr, "grad_norm": norm.item(),
+                      "tokens_per_s": tokens(batch) / seconds, "seconds": seconds, "epoch": position[0], **normalise(m)}
             _log(metrics_path, record)
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.3f}", acc0=f"{first_accuracy(draft.kind, record):.2f}")
@@ -201,13 +202,16 @@ def position_accuracies(kind: str, record: dict) -> dict[int, float]:
 
 
 def summary(kind: str, records: list[dict]) -> dict:
-    """The last evaluation of a run, its first-position accuracy, and the median training speed."""
+    """The last evaluation of a run, its first-position accuracy, the median training speed, and the
+    first step's seconds: on CUDA that step compiles the draft's forward and backward, the largest
+    fixed cost of a short run."""
     import statistics
 
     last = [r for r in records if r["split"] == "eval"][-1]
-    speed = statistics.median(r["tokens_per_s"] for r in records if r["split"] == "train")
+    train_rows = [r for r in records if r["split"] == "train"]
     return {"steps": last["step"], "eval loss": last["loss"], "eval first-position accuracy": first_accuracy(kind, last),
-            "train tokens/s (median)": speed}
+            "train tokens/s (median)": statistics.median(r["tokens_per_s"] for r in train_rows),
+            "first step (s)": train_rows[0].get("seconds", math.nan)}
 
 
 def check_reload(draft, path: Path, data: Path, pack_len: int) -> dict:
