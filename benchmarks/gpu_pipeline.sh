@@ -10,7 +10,7 @@
 #   carry [".smol/part.ab", ".whl"]:  bash benchmarks/gpu_pipeline.sh run 01,02,03
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 04   (again while it says "still running")
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 05
-# Measured there (1500 steps): 01-03 in 287 s, 04 in 475 s, 05 in 398 s. A call waits at most WAIT_S
+# Measured there (1500 steps, drafts one after the other): 01-03 in 237 s, 04 in 348 s, 05 in 305 s. A call waits at most WAIT_S
 # (540) seconds; a longer run goes on in the background.
 # Figures, summaries and training metrics come back as $OUT/gpu-<notebooks>.tar.gz, the log as
 # $OUT/log-<notebooks>.txt; the timing table and the summaries are printed last. PROFILE=ci and
@@ -42,7 +42,7 @@ run)
   nbs="${2:?which notebooks, e.g. 01,02}"; tag="${nbs//,/-}"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
   if [ ! -f /tmp/site/.draftlab-installed ] && [ -z "${SKIP_INSTALL:-}" ]; then
     cat /tmp/smol.part.aa .smol/part.ab > "/tmp/$WHEEL"
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl "/tmp/$WHEEL"
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site .whl/*.whl "/tmp/$WHEEL"
     touch /tmp/site/.draftlab-installed
   fi
   export PYTHONPATH="/tmp/site:$PWD/lib" PYTHONUNBUFFERED=1

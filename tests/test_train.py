@@ -241,3 +241,39 @@ def test_a_draft_with_dropout_is_evaluated_in_eval_mode_without_grad(tiny, data)
     assert not dropout_free(d.model)
     evaluate(d, packs, limit=1, reuse_graph=True)
     assert seen == [(True, True), (False, False)] and d.model.training
+
+
+def test_drafts_trained_side_by_side_in_processes_equal_in_process_runs(tiny, data):
+    from draftlab.train_jobs import train_drafts
+
+    def built():
+        return {"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash", seed=1)}
+
+    s = Settings(**{**S, "steps": 6, "eval_every": 3, "checkpoint_every": 3})
+    here, there = built(), built()
+    runs, _ = train_drafts(here, data, s, side=False, progress=False)
+    want = {k: [(r["split"], r["loss"]) for r in read_metrics(run)] for k, run in runs.items()}
+    runs, seconds = train_drafts(there, data, s, side=True, progress=False)
+    assert {k: [(r["split"], r["loss"]) for r in read_metrics(run)] for k, run in runs.items()} == want
+    assert set(seconds) == {"eagle3", "dflash"} and all(x > 0 for x in seconds.values())
+    for k in here:  # the trained weights came back into the notebook's drafts
+        b = there[k].model.state_dict()
+        assert all(torch.equal(t, b[n]) for n, t in here[k].model.state_dict().items()), k
+        assert there[k].choices["training"][0] == "2 processes side by side" and "data loading" in there[k].report()
+    assert check_reload(there["eagle3"], final_checkpoint("tiny", "eagle3"), data, 96)["identical outputs"]
+
+
+def test_a_run_failing_in_its_process_is_raised_with_its_reason_and_log(tiny, data):
+    from draftlab.train_jobs import train_drafts
+
+    drafts = {"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash")}
+    with pytest.raises(DraftlabError, match=r"eagle3: .*shorter than every sample.*log: .*eagle3/job/log.txt"):
+        train_drafts(drafts, data, Settings(**{**S, "pack_len": 8}), side=True, progress=False)
+
+
+def test_side_by_side_only_on_a_gpu_with_cpus_for_both():
+    from draftlab.train_jobs import side_by_side
+
+    assert side_by_side("cuda", 2, cpus=16)[0] and not side_by_side("cuda", 2, cpus=4)[0]
+    assert not side_by_side("cpu", 2, cpus=64)[0] and not side_by_side("cuda", 1, cpus=16)[0]
+    assert side_by_side("cpu", 2, requested=True) == (True, "as asked (side_by_side)")

@@ -41,6 +41,7 @@ class Draft:
     train_config: object  # speculators.train.config.schema.TrainConfig
     train_kwargs: dict  # forward kwargs from the model class's get_trainer_kwargs
     choices: dict[str, tuple[object, str]] = field(default_factory=dict)  # what -> (choice, why)
+    build_args: dict = field(default_factory=dict)  # build_draft's arguments: another process rebuilds the same draft
 
     @property
     def attention(self) -> str:
@@ -206,7 +207,9 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
     cls = SpeculatorModel.registry[kind]
     model = cls.from_training_args(tl, t2d=t2d, d2t=d2t, **args).to(device=dev, dtype=dt)
     train_kwargs, _ = cls.get_trainer_kwargs(**args)
-    draft = Draft(model, kind, v, cfg, train_kwargs, choices)
+    build_args = dict(data=data, layer_ids=layer_ids, draft_vocab_size=draft_vocab_size, num_layers=num_layers, attention=attention,
+                      loss=loss, block_size=block_size, mask_token_id=mask_token_id, layer_config=layer_config, view_root=view_root)
+    draft = Draft(model, kind, v, cfg, train_kwargs, choices, build_args)
     verify(draft)
     return draft
 

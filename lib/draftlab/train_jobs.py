@@ -1,0 +1,142 @@
+"""Several drafts trained side by side on one GPU, each `train.train` in its own process.
+
+A draft this small leaves the H200 mostly idle: a step is bound by Python, kernel launches and
+reading packs, and the first step is one to two minutes of torch.compile on the CPU. On the H200,
+EAGLE-3 then DFlash one after the other spent 155 s of notebook 04's 348 s compiling. In two
+processes the compiles overlap each other and the steps of the other run. On CPU the cores are
+the trainer's, so there the runs go one after the other in the notebook's process.
+
+Each job trains the very draft the notebook built: its build arguments and initial weights travel
+with the job, the trained weights come back into it, so losses, checkpoints and the reload check
+are those of an in-process run. This is not a distributed trainer: one GPU, independent runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from draftlab import DraftlabError
+from draftlab import train as tr
+
+
+def side_by_side(device: str, runs: int, cpus: int | None = None, requested: bool | None = None) -> tuple[bool, str]:
+    """Whether the runs train at once in their own processes, and why."""
+    if requested is not None:
+        return requested, "as asked (side_by_side)"
+    cpus = cpus or os.cpu_count() or 1
+    if runs < 2:
+        return False, "one draft: trained in this process"
+    if not device.startswith("cuda"):
+        return False, "CPU: the cores are the trainer's, so the runs go one after the other in this process"
+    if cpus < 4 * runs:
+        return False, f"CUDA, but {cpus} CPUs: each run needs its own trainer and pack readers, so one after the other"
+    return True, (f"CUDA, {cpus} CPUs: {runs} processes share the GPU; a step of a draft this size leaves it mostly idle, "
+                  "and each run's first step (torch.compile) is CPU work that overlaps the other's")
+
+
+def train_drafts(drafts: dict, data: Path, settings: tr.Settings, *, side: bool | None = None,
+                 progress: bool = True) -> tuple[dict[str, Path], dict[str, float]]:
+    """Train every draft on `data` (run folders as `train.train` makes them); returns run folders
+    and each run's seconds. `side` forces the choice `side_by_side` would make."""
+    data = Path(data)
+    device = str(next(iter(drafts.values())).device)
+    on, why = side_by_side(device, len(drafts), requested=side)
+    for d in drafts.values():
+        d.choices["training"] = (f"{len(drafts)} processes side by side" if on else "in this process", why)
+    if on:
+        return _in_processes(drafts, data, settings, progress)
+    runs, seconds = {}, {}
+    for kind, d in drafts.items():
+        t0 = time.perf_counter()
+        runs[kind] = tr.train(d, data, settings, progress=progress)
+        seconds[kind] = time.perf_counter() - t0
+    return runs, seconds
+
+
+def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: bool):
+    from draftlab.progress import progress_bar
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    jobs = {}
+    for kind, d in drafts.items():
+        job = data / "drafts" / kind / "job"
+        shutil.rmtree(job, ignore_errors=True)
+        job.mkdir(parents=True)
+        torch.save({"kind": kind, "verifier": str(d.verifier.path), "device": str(d.device), "dtype": str(d.dtype).removeprefix("torch."),
+                    "build": d.build_args, "settings": asdict(settings), "data": str(data), "threads": torch.get_num_threads(),
+                    "state": {k: t.detach().cpu() for k, t in d.model.state_dict().items()}}, job / "job.pt")
+        log = open(job / "log.txt", "w")
+        jobs[kind] = (subprocess.Popen([sys.executable, "-m", "draftlab.train_jobs", str(job)], stdout=log, stderr=subprocess.STDOUT, env=env), job, log)
+    bars = {kind: progress_bar(total=settings.steps, desc=f"train {kind}", disable=not progress) for kind in jobs}
+    try:
+        while any(p.poll() is None for p, _, _ in jobs.values()):
+            for kind, (_, job, _) in jobs.items():
+                bars[kind].update(_steps_done(job.parent) - bars[kind].n)
+            time.sleep(1)
+    except BaseException:  # an interrupt stops both; their checkpoints stay for a resume
+        for p, _, _ in jobs.values():
+            p.terminate()
+            p.wait()
+        raise
+    finally:
+        for kind, (_, job, log) in jobs.items():
+            bars[kind].update(_steps_done(job.parent) - bars[kind].n)
+            bars[kind].close()
+            log.close()
+    return _collect(drafts, jobs)
+
+
+def _steps_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return path.read_text().count('"split": "train"') if path.exists() else 0
+
+
+def _collect(drafts: dict, jobs: dict):
+    runs, seconds, failed = {}, {}, []
+    for kind, (p, job, _) in jobs.items():
+        result = json.loads((job / "result.json").read_text()) if (job / "result.json").exists() else {"error": f"exit status {p.returncode}, no result"}
+        if "error" in result:
+            failed.append(f"{kind}: {result['error']} (log: {job / 'log.txt'})")
+            continue
+        d = drafts[kind]
+        d.model.load_state_dict(torch.load(job / "trained.pt", map_location=d.device, weights_only=True))
+        d.choices.update({what: tuple(cw) for what, cw in result["choices"].items() if what != "training"})
+        runs[kind], seconds[kind] = Path(result["run"]), result["seconds"]
+    if failed:
+        raise DraftlabError("training failed in its process: " + "; ".join(failed))
+    return runs, seconds
+
+
+def _job(job: Path) -> None:
+    """One run, in the process `_in_processes` started: rebuild the draft, train, hand back."""
+    from draftlab.draft import build_draft
+    from draftlab.verifier import load_verifier
+
+    spec = torch.load(job / "job.pt", weights_only=False)  # written by this module
+    torch.set_num_threads(spec["threads"])
+    try:
+        v = load_verifier(spec["verifier"], spec["device"], spec["dtype"])
+        d = build_draft(spec["kind"], v, **spec["build"])
+        d.model.load_state_dict(spec["state"])
+        t0 = time.perf_counter()
+        run = tr.train(d, spec["data"], tr.Settings(**spec["settings"]), progress=False)
+        torch.save(d.model.state_dict(), job / "trained.pt")
+        result = {"run": str(run), "seconds": time.perf_counter() - t0, "choices": {k: [str(c), w] for k, (c, w) in d.choices.items()}}
+    except Exception as e:  # noqa: BLE001  (reported to the notebook, which raises it)
+        traceback.print_exc()
+        result = {"error": str(e) if isinstance(e, DraftlabError) else f"{type(e).__name__}: {e}"}
+    (job / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    _job(Path(sys.argv[1]))
