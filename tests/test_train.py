@@ -277,3 +277,26 @@ def test_side_by_side_only_on_a_gpu_with_cpus_for_both():
     assert side_by_side("cuda", 2, cpus=16)[0] and not side_by_side("cuda", 2, cpus=4)[0]
     assert not side_by_side("cpu", 2, cpus=64)[0] and not side_by_side("cuda", 1, cpus=16)[0]
     assert side_by_side("cpu", 2, requested=True) == (True, "as asked (side_by_side)")
+
+
+def test_an_interrupt_stops_the_training_processes(tiny, data, monkeypatch):
+    import subprocess
+
+    from draftlab import train_jobs
+
+    started = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            started.append(self)
+
+    def interrupt(_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_jobs.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(train_jobs.time, "sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train_jobs.train_drafts({"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash")}, data, Settings(**S), side=True, progress=False)
+    assert len(started) == 2 and all(p.returncode is not None for p in started)
+    assert not (data / "drafts" / "eagle3" / "job" / "result.json").exists()

@@ -67,33 +67,39 @@ def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: boo
     from draftlab.progress import progress_bar
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
-    jobs = {}
-    for kind, d in drafts.items():
-        job = data / "drafts" / kind / "job"
-        shutil.rmtree(job, ignore_errors=True)
-        job.mkdir(parents=True)
-        torch.save({"kind": kind, "verifier": str(d.verifier.path), "device": str(d.device), "dtype": str(d.dtype).removeprefix("torch."),
-                    "build": d.build_args, "settings": asdict(settings), "data": str(data), "threads": torch.get_num_threads(),
-                    "state": {k: t.detach().cpu() for k, t in d.model.state_dict().items()}}, job / "job.pt")
-        log = open(job / "log.txt", "w")
-        jobs[kind] = (subprocess.Popen([sys.executable, "-m", "draftlab.train_jobs", str(job)], stdout=log, stderr=subprocess.STDOUT, env=env), job, log)
-    bars = {kind: progress_bar(total=settings.steps, desc=f"train {kind}", disable=not progress) for kind in jobs}
+    jobs, bars = {}, {}
     try:
+        for kind, d in drafts.items():
+            jobs[kind] = _start(kind, d, data, settings, env)
+            bars[kind] = progress_bar(total=settings.steps, desc=f"train {kind}", disable=not progress)
         while any(p.poll() is None for p, _, _ in jobs.values()):
             for kind, (_, job, _) in jobs.items():
                 bars[kind].update(_steps_done(job.parent) - bars[kind].n)
             time.sleep(1)
-    except BaseException:  # an interrupt stops both; their checkpoints stay for a resume
+    except BaseException:  # an interrupt stops every run; their checkpoints stay for a resume
         for p, _, _ in jobs.values():
             p.terminate()
             p.wait()
         raise
     finally:
         for kind, (_, job, log) in jobs.items():
-            bars[kind].update(_steps_done(job.parent) - bars[kind].n)
-            bars[kind].close()
+            if kind in bars:
+                bars[kind].update(_steps_done(job.parent) - bars[kind].n)
+                bars[kind].close()
             log.close()
     return _collect(drafts, jobs)
+
+
+def _start(kind: str, d, data: Path, settings: tr.Settings, env: dict):
+    """Write the job (build arguments, initial weights, settings) and start its process."""
+    job = data / "drafts" / kind / "job"
+    shutil.rmtree(job, ignore_errors=True)
+    job.mkdir(parents=True)
+    torch.save({"kind": kind, "verifier": str(d.verifier.path), "device": str(d.device), "dtype": str(d.dtype).removeprefix("torch."),
+                "build": d.build_args, "settings": asdict(settings), "data": str(data), "threads": torch.get_num_threads(),
+                "state": {k: t.detach().cpu() for k, t in d.model.state_dict().items()}}, job / "job.pt")
+    log = open(job / "log.txt", "w")
+    return subprocess.Popen([sys.executable, "-m", "draftlab.train_jobs", str(job)], stdout=log, stderr=subprocess.STDOUT, env=env), job, log
 
 
 def _steps_done(run_dir: Path) -> int:
