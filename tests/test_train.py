@@ -279,6 +279,13 @@ def test_side_by_side_only_on_a_gpu_with_cpus_for_both():
     assert side_by_side("cpu", 2, requested=True) == (True, "as asked (side_by_side)")
 
 
+def test_drafts_not_keyed_by_their_kind_are_refused(tiny, data):
+    from draftlab.train_jobs import train_drafts
+
+    with pytest.raises(DraftlabError, match="keyed by kind.*'second': 'eagle3'"):
+        train_drafts({"eagle3": make(tiny, data), "second": make(tiny, data)}, data, Settings(**S), progress=False)
+
+
 def test_an_interrupt_stops_the_training_processes(tiny, data, monkeypatch):
     import subprocess
 

@@ -49,6 +49,9 @@ def train_drafts(drafts: dict, data: Path, settings: tr.Settings, *, side: bool 
     """Train every draft on `data` (run folders as `train.train` makes them); returns run folders
     and each run's seconds. `side` forces the choice `side_by_side` would make."""
     data = Path(data)
+    named = {k: d.kind for k, d in drafts.items() if k != d.kind}
+    if named:
+        raise DraftlabError(f"drafts are keyed by kind, each run in data/drafts/<kind>; got {named} (key: kind). One draft per kind.")
     device = str(next(iter(drafts.values())).device)
     on, why = side_by_side(device, len(drafts), requested=side)
     for d in drafts.values():
