@@ -62,6 +62,9 @@ run)
   tar czf "$out/${PROFILE:-gpu}-$tag.tar.gz" $(find "outputs/${PROFILE:-gpu}" -type f -size -2M) \
     $(ls data/runs/smollm2-"${PROFILE:-gpu}"/drafts/*/metrics.jsonl 2>/dev/null) || true
   grep -a -A12 "^notebook " "$log" || tail -c 3000 "$log"
+  if [ "$(cat "$log.rc")" != 0 ]; then  # a training run side by side logs in its own process
+    for f in data/runs/smollm2-"${PROFILE:-gpu}"/drafts/*/job/log.txt; do [ -f "$f" ] && { echo "== $f"; tail -c 2000 "$f"; }; done
+  fi
   for nb in ${nbs//,/ }; do python3 benchmarks/cell_times.py outputs/"${PROFILE:-gpu}"/"$nb"_*.ipynb || true; done
   for f in outputs/"${PROFILE:-gpu}"/0?/summary.json outputs/"${PROFILE:-gpu}"/05/metrics.json; do
     [ -f "$f" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d, default=str)[:1500])" "$f"
