@@ -261,6 +261,7 @@ def test_drafts_trained_side_by_side_in_processes_equal_in_process_runs(tiny, da
         assert all(torch.equal(t, b[n]) for n, t in here[k].model.state_dict().items()), k
         assert there[k].choices["training"][0] == "2 processes side by side" and "data loading" in there[k].report()
     assert check_reload(there["eagle3"], final_checkpoint("tiny", "eagle3"), data, 96)["identical outputs"]
+    assert sorted(p.name for p in (runs["dflash"] / "job").iterdir()) == ["log.txt", "result.json"]
 
 
 def test_a_run_failing_in_its_process_is_raised_with_its_reason_and_log(tiny, data):

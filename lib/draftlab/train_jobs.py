@@ -119,6 +119,8 @@ def _collect(drafts: dict, jobs: dict):
             continue
         d = drafts[kind]
         d.model.load_state_dict(torch.load(job / "trained.pt", map_location=d.device, weights_only=True))
+        for name in ("job.pt", "trained.pt"):  # weights are in the run's checkpoints; a failed job keeps them to re-run
+            (job / name).unlink()
         d.choices.update({what: tuple(cw) for what, cw in result["choices"].items() if what != "training"})
         runs[kind], seconds[kind] = Path(result["run"]), result["seconds"]
     if failed:
