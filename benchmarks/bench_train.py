@@ -69,8 +69,9 @@ def main() -> None:
             t0 = time.perf_counter()
             run = train.train(d, data, s, run_dir=Path(tmp), progress=False)
             wall = time.perf_counter() - t0
-            evals = [r for r in train.read_metrics(run) if r["split"] == "eval"]
-            summ = train.summary(args.kind, train.read_metrics(run))
+            records = train.read_metrics(run)
+            evals = [r for r in records if r["split"] == "eval"]
+            summ = train.summary(args.kind, records)
             workers = d.choices["data loading"][0]
         accs = ", ".join(f"{train.first_accuracy(args.kind, r):.3f}" for r in evals)
         pos = ", ".join(f"{k}: {a:.3f}" for k, a in train.position_accuracies(args.kind, evals[-1]).items() if k <= 5)

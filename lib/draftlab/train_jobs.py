@@ -76,8 +76,7 @@ def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: boo
             jobs[kind] = _start(kind, d, data, settings, env)
             bars[kind] = progress_bar(total=settings.steps, desc=f"train {kind}", disable=not progress)
         while any(p.poll() is None for p, _, _ in jobs.values()):
-            for kind, (_, job, _) in jobs.items():
-                bars[kind].update(_steps_done(job.parent) - bars[kind].n)
+            _show(bars, jobs)
             time.sleep(1)
     except BaseException:  # an interrupt stops every run; their checkpoints stay for a resume
         for p, _, _ in jobs.values():
@@ -85,10 +84,10 @@ def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: boo
             p.wait()
         raise
     finally:
-        for kind, (_, job, log) in jobs.items():
-            if kind in bars:
-                bars[kind].update(_steps_done(job.parent) - bars[kind].n)
-                bars[kind].close()
+        _show(bars, jobs)
+        for bar in bars.values():
+            bar.close()
+        for _, _, log in jobs.values():
             log.close()
     return _collect(drafts, jobs)
 
@@ -105,9 +104,12 @@ def _start(kind: str, d, data: Path, settings: tr.Settings, env: dict):
     return subprocess.Popen([sys.executable, "-m", "draftlab.train_jobs", str(job)], stdout=log, stderr=subprocess.STDOUT, env=env), job, log
 
 
-def _steps_done(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return path.read_text().count('"split": "train"') if path.exists() else 0
+def _show(bars: dict, jobs: dict) -> None:
+    """Move each bar to its run's training steps so far: the train records `train._log` wrote,
+    matched as text, so a line the run is still writing cannot fail a parse."""
+    for kind, bar in bars.items():
+        path = jobs[kind][1].parent / "metrics.jsonl"
+        bar.update((path.read_text().count('"split": "train"') if path.exists() else 0) - bar.n)
 
 
 def _collect(drafts: dict, jobs: dict):
