@@ -10,7 +10,7 @@
 #   carry [".smol/part.ab", ".whl"]:  bash benchmarks/gpu_pipeline.sh run 01,02,03
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 04   (again while it says "still running")
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 05
-# Measured there (1500 steps, drafts one after the other): 01-03 in 237 s, 04 in 348 s, 05 in 305 s. A call waits at most WAIT_S
+# Measured there (2000 steps, drafts side by side): 01-03 in 266 s, 04 in 328 s, 05 in 307 s. A call waits at most WAIT_S
 # (540) seconds; a longer run goes on in the background.
 # Figures, summaries and training metrics come back as $OUT/gpu-<notebooks>.tar.gz, the log as
 # $OUT/log-<notebooks>.txt; the timing table and the summaries are printed last. PROFILE=ci and

@@ -83,3 +83,28 @@ def test_cpu_verifier_hands_grouped_heads_to_sdpa_and_generates_the_same_tokens(
         assert torch.allclose(tiny.model(**batch).logits, ref(**batch).logits, atol=1e-5)
         kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=tiny.tokenizer.pad_token_id)
         assert torch.equal(tiny.model.generate(**batch, **kw), ref.generate(**batch, **kw))
+
+
+def test_gguf_is_parsed_once_within_a_conversion_and_gguf_is_restored_after(tmp_path):
+    import gguf
+    import numpy as np
+
+    from draftlab.verifier import _gguf_parsed_once
+
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.ones((4, 2), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    llama = gguf.MODEL_ARCH.LLAMA
+    with pytest.raises(RuntimeError), _gguf_parsed_once():
+        assert gguf.GGUFReader(str(path)) is gguf.GGUFReader(str(path))
+        assert gguf.get_tensor_name_map(llama, 1) is gguf.get_tensor_name_map(llama, 1)
+        assert gguf.GGUFReader(str(path)).tensors[0].name == "token_embd.weight"
+        raise RuntimeError("an interrupted conversion restores gguf too")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+    assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))

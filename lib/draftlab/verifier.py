@@ -7,6 +7,8 @@ draftlab sees one plain causal LM and its parts (embeddings, decoder layers, fin
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -42,8 +44,10 @@ def embedded_gguf() -> Path:
     return path
 
 
-def convert_embedded(dest: Path | None = None) -> Path:
-    """De-quantise the GGUF once (about 30 s) into a safetensors directory; later loads take seconds."""
+def convert_embedded(dest: Path | None = None, parse_once: bool = True) -> Path:
+    """De-quantise the GGUF once into a safetensors directory; later loads take seconds.
+
+    parse_once=False leaves transformers to re-read the file at each step (benchmarks/bench_convert.py)."""
     dest = Path(dest or data_dir() / "verifiers" / EMBEDDED_NAME)
     if (dest / "config.json").exists() and (dest / "model.safetensors").exists():
         return dest
@@ -52,8 +56,9 @@ def convert_embedded(dest: Path | None = None) -> Path:
     gguf = embedded_gguf()
     t0 = time.perf_counter()
     print(f"Converting {gguf.name} to safetensors under {dest} (once) ...")
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with _gguf_parsed_once() if parse_once else contextlib.nullcontext():
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The de-quantised weights are plain float tensors; drop the GGUF marker so they serialise.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -64,6 +69,22 @@ def convert_embedded(dest: Path | None = None) -> Path:
     partial.replace(dest)
     print(f"Converted in {time.perf_counter() - t0:.1f} s")
     return dest
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """transformers parses the GGUF anew for the config, the weights and the tokenizer, and rebuilds gguf's
+    tensor-name map for every submodule: most of the conversion's time (BENCHMARKS.md). Both are pure
+    reads of an unchanging file, so within one conversion each is done once."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=None)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def resolve_verifier(spec: str | Path | None) -> Path:
