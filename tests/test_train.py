@@ -251,10 +251,11 @@ def test_drafts_trained_side_by_side_in_processes_equal_in_process_runs(tiny, da
 
     s = Settings(**{**S, "steps": 6, "eval_every": 3, "checkpoint_every": 3})
     here, there = built(), built()
-    runs, _ = train_drafts(here, data, s, side=False, progress=False)
+    runs, _, want_reloads = train_drafts(here, data, s, side=False, progress=False)
     want = {k: [(r["split"], r["loss"]) for r in read_metrics(run)] for k, run in runs.items()}
-    runs, seconds = train_drafts(there, data, s, side=True, progress=False)
+    runs, seconds, reloads = train_drafts(there, data, s, side=True, progress=False)
     assert {k: [(r["split"], r["loss"]) for r in read_metrics(run)] for k, run in runs.items()} == want
+    assert reloads == want_reloads and all(r["identical tensors"] and r["identical outputs"] for r in reloads.values())
     assert set(seconds) == {"eagle3", "dflash"} and all(x > 0 for x in seconds.values())
     for k in here:  # the trained weights came back into the notebook's drafts
         b = there[k].model.state_dict()

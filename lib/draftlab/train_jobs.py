@@ -7,8 +7,10 @@ processes the compiles overlap each other and the steps of the other run. On CPU
 the trainer's, so there the runs go one after the other in the notebook's process.
 
 Each job trains the very draft the notebook built: its build arguments and initial weights travel
-with the job, the trained weights come back into it, so losses, checkpoints and the reload check
-are those of an in-process run. This is not a distributed trainer: one GPU, independent runs.
+with the job, so losses and checkpoints are those of an in-process run. The reload check runs where
+the draft trained, right after training (there its graph is compiled already: the notebook's
+process would compile it again, 16 s on the H200); the notebook's draft then takes its weights from
+the checked final checkpoint. This is not a distributed trainer: one GPU, independent runs.
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ def side_by_side(device: str, runs: int, cpus: int | None = None, requested: boo
 
 
 def train_drafts(drafts: dict, data: Path, settings: tr.Settings, *, side: bool | None = None,
-                 progress: bool = True) -> tuple[dict[str, Path], dict[str, float]]:
-    """Train every draft on `data` (run folders as `train.train` makes them); returns run folders
-    and each run's seconds. `side` forces the choice `side_by_side` would make."""
+                 progress: bool = True) -> tuple[dict[str, Path], dict[str, float], dict[str, dict]]:
+    """Train every draft on `data` (run folders as `train.train` makes them); returns run folders,
+    each run's seconds, and `train.check_reload` of each final checkpoint against the trained draft.
+    `side` forces the choice `side_by_side` would make."""
     data = Path(data)
     named = {k: d.kind for k, d in drafts.items() if k != d.kind}
     if named:
@@ -58,12 +61,17 @@ def train_drafts(drafts: dict, data: Path, settings: tr.Settings, *, side: bool 
         d.choices["training"] = (f"{len(drafts)} processes side by side" if on else "in this process", why)
     if on:
         return _in_processes(drafts, data, settings, progress)
-    runs, seconds = {}, {}
+    runs, seconds, reloads = {}, {}, {}
     for kind, d in drafts.items():
-        t0 = time.perf_counter()
-        runs[kind] = tr.train(d, data, settings, progress=progress)
-        seconds[kind] = time.perf_counter() - t0
-    return runs, seconds
+        runs[kind], seconds[kind], reloads[kind] = _train_and_check(d, data, settings, progress)
+    return runs, seconds, reloads
+
+
+def _train_and_check(d, data: Path, settings: tr.Settings, progress: bool) -> tuple[Path, float, dict]:
+    t0 = time.perf_counter()
+    run = tr.train(d, data, settings, progress=progress)
+    seconds = time.perf_counter() - t0
+    return run, seconds, tr.check_reload(d, run / "final", data, settings.pack_len)
 
 
 def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: bool):
@@ -113,25 +121,27 @@ def _show(bars: dict, jobs: dict) -> None:
 
 
 def _collect(drafts: dict, jobs: dict):
-    runs, seconds, failed = {}, {}, []
+    from draftlab.checkpoint import load_model
+
+    runs, seconds, reloads, failed = {}, {}, {}, []
     for kind, (p, job, _) in jobs.items():
         result = json.loads((job / "result.json").read_text()) if (job / "result.json").exists() else {"error": f"exit status {p.returncode}, no result"}
         if "error" in result:
             failed.append(f"{kind}: {result['error']} (log: {job / 'log.txt'})")
             continue
-        d = drafts[kind]
-        d.model.load_state_dict(torch.load(job / "trained.pt", map_location=d.device, weights_only=True))
-        for name in ("job.pt", "trained.pt"):  # weights are in the run's checkpoints; a failed job keeps them to re-run
-            (job / name).unlink()
+        d, run = drafts[kind], Path(result["run"])
+        final = load_model(run / "final", type(d.model), d.attention, d.device, d.dtype)  # checked equal to the trained draft
+        d.model.load_state_dict(final.state_dict())
+        (job / "job.pt").unlink()  # a failed job keeps it, to re-run
         d.choices.update({what: tuple(cw) for what, cw in result["choices"].items() if what != "training"})
-        runs[kind], seconds[kind] = Path(result["run"]), result["seconds"]
+        runs[kind], seconds[kind], reloads[kind] = run, result["seconds"], result["reload"]
     if failed:
         raise DraftlabError("training failed in its process: " + "; ".join(failed))
-    return runs, seconds
+    return runs, seconds, reloads
 
 
 def _job(job: Path) -> None:
-    """One run, in the process `_in_processes` started: rebuild the draft, train, hand back."""
+    """One run, in the process `_in_processes` started: rebuild the draft, train, check the reload, report."""
     from draftlab.draft import build_draft
     from draftlab.verifier import load_verifier
 
@@ -141,10 +151,8 @@ def _job(job: Path) -> None:
         v = load_verifier(spec["verifier"], spec["device"], spec["dtype"])
         d = build_draft(spec["kind"], v, **spec["build"])
         d.model.load_state_dict(spec["state"])
-        t0 = time.perf_counter()
-        run = tr.train(d, spec["data"], tr.Settings(**spec["settings"]), progress=False)
-        torch.save(d.model.state_dict(), job / "trained.pt")
-        result = {"run": str(run), "seconds": time.perf_counter() - t0, "choices": {k: [str(c), w] for k, (c, w) in d.choices.items()}}
+        run, seconds, reload = _train_and_check(d, Path(spec["data"]), tr.Settings(**spec["settings"]), progress=False)
+        result = {"run": str(run), "seconds": seconds, "reload": reload, "choices": {k: [str(c), w] for k, (c, w) in d.choices.items()}}
     except Exception as e:  # noqa: BLE001  (reported to the notebook, which raises it)
         traceback.print_exc()
         result = {"error": str(e) if isinstance(e, DraftlabError) else f"{type(e).__name__}: {e}"}
