@@ -6,6 +6,9 @@ as stage 01 batches them (left-padded chat-template prompts). Prints one markdow
 
     python benchmarks/bench_generate.py --batch 60 120 --threads 2 1
     python benchmarks/bench_generate.py --batch 60 --threads 2 --attention sdpa sdpa_gqa   # draftlab/gqa.py
+    python3 benchmarks/bench_generate.py --device cuda --batch 768 2304 --threads 16 --new 256 --sample 0.8
+        # the H200 after the gpu profile's 01: one sampled pass (768 train prompts) against the three merged;
+        # prompts repeat to fill a batch larger than the prompt set
 
 `--attention` compares transformers' sdpa (key/value heads copied per query head under a mask) with
 draftlab's `sdpa_gqa` (heads handed grouped to the kernel), alternating in one process, and checks the
@@ -28,15 +31,19 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=96, help="new tokens per prompt")
     ap.add_argument("--attention", nargs="+", default=[None], help="attention implementations to compare (default: as loaded)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--sample", type=float, default=0.0, help="sampling temperature (stage 01's extra answers); 0: greedy")
+    ap.add_argument("--prompts", type=int, nargs=2, default=[200, 0], metavar=("CHAT", "CODE"), help="prompt set (n_chat n_code)")
     args = ap.parse_args()
 
     from draftlab import prompts
     from draftlab.verifier import load_verifier
 
-    v = load_verifier("smollm2")
+    v = load_verifier("smollm2", device=args.device)
     tok = v.tokenizer
-    train = [p for p in prompts.load_prompts(200, 0, 0.15) if p.split == "train"]
+    train = [p for p in prompts.load_prompts(*args.prompts, 0.15) if p.split == "train"]
     seqs = [prompts._chat_ids(tok, p.text) for p in train]
+    seqs = [seqs[i % len(seqs)] for i in range(max(max(args.batch), len(seqs)))]
     print("| torch threads | attention | batch | prompt tokens (mean / max) | wall (s) | ms per decode step | generated tokens / s | row-steps / s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     first: dict = {}
@@ -45,13 +52,17 @@ def main() -> None:
         if impl:
             v.model.set_attn_implementation(impl)
         batch = seqs[:b]
-        padded = tok.pad({"input_ids": batch}, padding_side="left", return_tensors="pt")  # as prompts.generate_responses
+        padded = tok.pad({"input_ids": batch}, padding_side="left", return_tensors="pt").to(v.device)  # as prompts.generate_responses
         width = padded["input_ids"].shape[1]
+        sample = dict(do_sample=True, temperature=args.sample, top_p=None, top_k=None) if args.sample else dict(do_sample=False)
+        torch.manual_seed(0)
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = v.model.generate(**padded, max_new_tokens=args.new, do_sample=False, pad_token_id=tok.pad_token_id)[:, width:]
+            out = v.model.generate(**padded, max_new_tokens=args.new, pad_token_id=tok.pad_token_id, **sample)[:, width:]
+        if v.device.type == "cuda":
+            torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        if not torch.equal(first.setdefault((threads, b), out), out):
+        if not args.sample and not torch.equal(first.setdefault((threads, b), out), out):
             print(f"attention {impl} generated other tokens than {args.attention[0]} at batch {b}")
         real = int((out != tok.pad_token_id).sum())
         mean = sum(map(len, batch)) / len(batch)
