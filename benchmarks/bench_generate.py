@@ -6,7 +6,7 @@ as stage 01 batches them (left-padded chat-template prompts). Prints one markdow
 
     python benchmarks/bench_generate.py --batch 60 120 --threads 2 1
     python benchmarks/bench_generate.py --batch 60 --threads 2 --attention sdpa sdpa_gqa   # draftlab/gqa.py
-    python3 benchmarks/bench_generate.py --device cuda --batch 768 2304 --threads 16 --new 256 --sample 0.8
+    python3 benchmarks/bench_generate.py --device cuda --batch 768 2304 --threads 16 --new 256 --sample 0.8 --prompts 740 164
         # the H200 after the gpu profile's 01: one sampled pass (768 train prompts) against the three merged;
         # prompts repeat to fill a batch larger than the prompt set
 

@@ -160,6 +160,8 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
                 device="auto", dtype="auto", view_root=None) -> Draft:
     """One call from a verifier (spec or loaded `Verifier`) and an optional stage-01 train folder
     (its layer ids and d2t/t2d are used) to a checked speculators draft. None means its default."""
+    # Taken from the parameters themselves, so a new one also travels to a training process (train_jobs).
+    build_args = {k: x for k, x in locals().items() if k not in ("kind", "verifier", "device", "dtype")}
     from importlib.metadata import version
 
     from speculators import SpeculatorModel
@@ -207,8 +209,6 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
     cls = SpeculatorModel.registry[kind]
     model = cls.from_training_args(tl, t2d=t2d, d2t=d2t, **args).to(device=dev, dtype=dt)
     train_kwargs, _ = cls.get_trainer_kwargs(**args)
-    build_args = dict(data=data, layer_ids=layer_ids, draft_vocab_size=draft_vocab_size, num_layers=num_layers, attention=attention,
-                      loss=loss, block_size=block_size, mask_token_id=mask_token_id, layer_config=layer_config, view_root=view_root)
     draft = Draft(model, kind, v, cfg, train_kwargs, choices, build_args)
     verify(draft)
     return draft
