@@ -10,7 +10,7 @@
 #   carry [".smol/part.ab", ".whl"]:  bash benchmarks/gpu_pipeline.sh run 01,02,03
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 04   (again while it says "still running")
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 05
-# Measured there (2000 steps, drafts side by side): 01-03 in 266 s, 04 in 328 s, 05 in 307 s. A call waits at most WAIT_S
+# Measured there (the gpu profile, 2026-11-30): 01-03 in 247 s, 04 in 257 s; 05 took 222 s with three sampled answers. A call waits at most WAIT_S
 # (540) seconds; a longer run goes on in the background.
 # Figures, summaries and training metrics come back as $OUT/gpu-<notebooks>.tar.gz, the log as
 # $OUT/log-<notebooks>.txt; the timing table and the summaries are printed last. PROFILE=ci and
