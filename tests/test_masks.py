@@ -137,3 +137,28 @@ def test_large_masks_are_drawn_as_the_share_of_visible_keys_per_screen_cell():
     ax = mask_heatmap(view)
     assert ax.images[0].get_array().shape == (922, 1844)  # cells of 5 x 5 tokens
     assert ax.get_xlim() == (-0.5, view.kv_len - 0.5) and ax.get_ylim() == (view.q_len - 0.5, -0.5)  # token coordinates
+
+
+def test_deliberate_eager_flex_calls_do_not_warn(pack, monkeypatch):
+    """Notebook 02's comparison and 03's one-off forwards run flex eagerly on purpose: no warning about
+    the unfused kernel there (torch shows it once per process; the set is emptied as in a fresh one)."""
+    import warnings
+
+    import torch.nn.attention.flex_attention as fa
+
+    from draftlab.draft_inspect import one_off
+
+    monkeypatch.setattr(fa, "_WARNINGS_SHOWN", set())
+    view = eagle3_mask(pack["document_ids"], 1)
+    q, k, v = torch.randn(1, 2, 128, 8), torch.randn(1, 2, 256, 8), torch.randn(1, 2, 256, 8)
+    unfused = "flex_attention called without torch.compile"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        attend(q, k, v, view.block, FLEX)
+        fa._WARNINGS_SHOWN.clear()
+        with one_off():
+            fa.flex_attention(q, k, v, block_mask=view.block)
+        assert not [w for w in seen if unfused in str(w.message)]
+        fa._WARNINGS_SHOWN.clear()
+        fa.flex_attention(q, k, v, block_mask=view.block)  # the same call outside: torch warns
+    assert [w for w in seen if unfused in str(w.message)]

@@ -8,6 +8,9 @@ picks explicitly: flex on CUDA, sdpa with a dense boolean mask on CPU, and says 
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
+
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
@@ -69,12 +72,22 @@ def check_mask(impl: str | None, mask) -> None:
         )
 
 
+@contextmanager
+def eager_flex():
+    """Flex attention outside torch.compile, on purpose: one-off forwards and small comparisons, where
+    compiling would cost more than the unfused kernel, so torch's warning about it is only noise."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile", category=UserWarning)
+        yield
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, impl: str | None) -> torch.Tensor:
     """One attention call through `impl`, with the mask checked first ([B, H, T, D] tensors)."""
     check_mask(impl, mask)
     if impl == FLEX:
         from torch.nn.attention.flex_attention import flex_attention
 
-        return flex_attention(q, k, v, block_mask=mask)
+        with eager_flex():
+            return flex_attention(q, k, v, block_mask=mask)
     dense = mask if mask.dim() == 4 else mask[None, None]
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=dense)

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
+from draftlab.attention import eager_flex
 from draftlab.draft import Draft
 
 
@@ -35,7 +36,7 @@ def one_off():
     """Forwards inside run eagerly. On CUDA speculators compiles the draft's forward; a forward run
     once or twice (this walk-through, a reload check) would spend tens of seconds compiling for
     nothing, and hooks see the modules as they run."""
-    with torch.compiler.set_stance("force_eager"):
+    with torch.compiler.set_stance("force_eager"), eager_flex():
         yield
 
 
