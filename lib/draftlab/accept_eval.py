@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -42,6 +43,39 @@ def run_prompts(verifier, proposer, prompts: list[dict], k: int, max_new_tokens:
         g.settings.update(prompt_id=p["id"], source=p["source"])
         gens.append(g)
     return gens
+
+
+def run_all(verifier, proposers: dict, prompts: list[dict], k: int, max_new_tokens: int, temperature: float = 0.0,
+            seed: int = 0) -> tuple[dict, dict]:
+    """Every proposer over the same prompts: ({name: generations}, {name: wall seconds, drafting included})."""
+    runs, seconds = {}, {}
+    for name, prop in proposers.items():
+        t0 = time.perf_counter()
+        runs[name] = run_prompts(verifier, prop, prompts, k, max_new_tokens, temperature, seed)
+        seconds[name] = time.perf_counter() - t0
+    return runs, seconds
+
+
+@torch.no_grad()
+def verifier_greedy(verifier, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy `generate`, cut after eos: the reference every greedy output must equal."""
+    x = torch.tensor([prompt_ids], device=verifier.device)
+    out = verifier.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+                                  pad_token_id=verifier.tokenizer.pad_token_id)[0, x.shape[1]:].tolist()
+    eos = verifier.tokenizer.eos_token_id
+    return out[: out.index(eos) + 1] if eos in out else out
+
+
+def lossless_rows(verifier, prompts: list[dict], refs: list[list[int]], greedy_runs: dict) -> list[dict]:
+    """Per proposer, over all prompts: greedy speculative output identical to `refs`, or a near-tie (bf16)."""
+    rows = []
+    for name, gens in greedy_runs.items():
+        checks = [greedy_agreement(verifier, p["ids"], g.tokens, ref) for p, g, ref in zip(prompts, gens, refs, strict=True)]
+        same = sum(c["first divergence"] is None and c["lossless"] for c in checks)
+        rows.append({"proposer": name, "prompts": len(prompts), "identical": same, "near-tie (bf16)": sum(c["lossless"] for c in checks) - same,
+                     "lossless": sum(c["lossless"] for c in checks),
+                     "largest logit gap": max(c["logit gap"] for c in checks)})
+    return rows
 
 
 @torch.no_grad()

@@ -84,3 +84,20 @@ def tau_vs_k(taus: dict[str, dict[int, float]], title: str, out_dir=None):
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return save(fig, out_dir, "tau_vs_k")
+
+
+def served_positions(positions: dict[str, dict[str, list[float]]], title: str, out_dir=None):
+    """Per-position acceptance of each draft, draftlab's loop against vLLM, on vLLM's (unconditional)
+    definition: the share of verifier passes whose draft positions 1..i were all accepted."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for i, (kind, by_engine) in enumerate(positions.items()):
+        for engine, ys in by_engine.items():
+            ax.plot(range(1, len(ys) + 1), ys, "o-" if engine == "vLLM" else "s--", color=f"C{i}", label=f"{kind}, {engine}")
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("P(positions 1..i accepted)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save(fig, out_dir, "served_per_position")

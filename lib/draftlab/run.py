@@ -117,8 +117,20 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--run-name", default=None, help="outputs/<run-name>/ (default: the profile name)")
     r.add_argument("--kernel", default="python3")
     r.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT_S, help="seconds one cell may run before the run fails")
+    s = sub.add_parser("serve", help="serve the verifier with a trained draft through `vllm serve` (foreground, Ctrl-C stops it)")
+    s.add_argument("--draft", required=True, help="a stage-04 final/ folder, e.g. data/runs/smollm2-default/drafts/eagle3/final")
+    s.add_argument("--verifier", default="smollm2", help="'smollm2' (embedded) or a local HF causal-LM directory")
+    s.add_argument("--k", type=int, default=5, help="speculative tokens per verifier pass")
+    s.add_argument("--dtype", default="float32", help="float32 | bfloat16 (the dtype the draft was trained in)")
+    s.add_argument("--device", default="cpu", help="cpu (runs --enforce-eager) | cuda")
+    s.add_argument("--port", type=int, default=8000)
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "serve":
+            from draftlab.serve import serve_forever
+            from draftlab.verifier import resolve_verifier
+
+            return serve_forever(resolve_verifier(args.verifier), args.draft, args.k, args.dtype, args.device, args.port)
         run(args.profile, args.only.split(",") if args.only else None, args.run_name, args.kernel, args.cell_timeout)
     except (DraftlabError, NotebookFailed) as e:
         print(f"draftlab: {e}", file=sys.stderr)

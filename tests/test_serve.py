@@ -1,0 +1,133 @@
+"""Served acceptance: a real `vllm serve` (the Makefile's .venv-vllm) on a tiny random verifier and draft,
+started, measured and stopped with no process left behind; bad checkpoints refused before any process."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+import torch
+
+from draftlab import DraftlabError, served
+from draftlab.serve import Server, group_members, unavailable, vllm_executable
+
+from conftest import make_tokenizer
+
+PROMPTS = ["hello how are you today", "def add(a, b): return a + b"]
+K, N_NEW = 3, 16
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def serve_dir(tmp_path_factory):
+    """A verifier vLLM's CPU attention takes (head_dim 32; the shared tiny one has 8)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("serve_verifier")
+    tok = make_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def serve_verifier(serve_dir):
+    from draftlab.verifier import load_verifier
+
+    return load_verifier(serve_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def draft_dir(serve_verifier, tmp_path_factory):
+    from draftlab.draft import build_eagle3
+
+    path = tmp_path_factory.mktemp("served_eagle3") / "final"
+    build_eagle3(serve_verifier, None).model.save_pretrained(path)
+    return path
+
+
+def _prompts(v):
+    from draftlab.prompts import _chat_ids
+
+    return [{"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(PROMPTS)]
+
+
+def test_the_vllm_environment_imports_vllm_and_its_cli_runs():
+    exe = vllm_executable()
+    done = subprocess.run([str(exe.parent / "python"), "-c", "import vllm, torch; print(torch.__version__)"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert unavailable() is None
+
+
+def test_served_draft_gives_the_verifiers_greedy_output_and_vllms_counters(serve_verifier, draft_dir, tmp_path):
+    from draftlab.accept_eval import run_prompts, summarize, verifier_greedy
+    from draftlab.proposers import load_draft, make_proposer
+
+    v, prompts = serve_verifier, _prompts(serve_verifier)
+    refs = [verifier_greedy(v, p["ids"], N_NEW) for p in prompts]
+    with Server(v.path, draft_dir, K, log_path=tmp_path / "vllm.log", max_model_len=256) as s:
+        pgid = s.proc.pid
+        assert s.logged_aux_layers() == s.draft_cfg["eagle_aux_hidden_state_layer_ids"]
+        assert [s.tokenize(p["text"]) for p in prompts] == [p["ids"] for p in prompts]
+        run = served.workload(s, prompts, N_NEW)
+    assert s.proc.poll() is not None and group_members(pgid) == [], "the server and its engine processes are gone"
+    assert [o["token_ids"] for o in run["outputs"]] == refs, "greedy with the draft is the verifier's own greedy text (fp32)"
+    got = served.served_metrics(run["counts"])
+    assert got["drafts"] > 0 and got["draft_tokens"] == K * got["drafts"] and len(run["counts"]["per_pos"]) == K
+    assert got["tau"] == pytest.approx(1 + got["accepted"] / got["drafts"])
+    loop = summarize(run_prompts(v, make_proposer(load_draft(draft_dir, v), v.vocab_size), prompts, K, N_NEW), K)["all"]
+    assert abs(got["tau"] / loop["tau"] - 1) <= served.GAP_WARN, (got, loop)
+
+
+def test_a_missing_checkpoint_is_refused_before_any_process(serve_dir, tmp_path):
+    with pytest.raises(DraftlabError, match="no draft checkpoint at .*run notebook 04"):
+        Server(serve_dir, tmp_path / "nope")
+
+
+def test_a_draft_for_another_verifier_is_refused_before_any_process(tiny_dir, draft_dir):
+    with pytest.raises(DraftlabError, match="hidden size 64, the verifier .* 32: it was trained for another verifier"):
+        Server(tiny_dir, draft_dir)
+
+
+def test_a_server_that_fails_to_start_names_the_cause_and_leaves_nothing(serve_dir, tmp_path):
+    s = Server(serve_dir, max_model_len=100_000, log_path=tmp_path / "vllm.log")  # the verifier allows 512 positions
+    with pytest.raises(DraftlabError, match=r"(?s)vLLM exited with code \d+ before serving: .*max_model_len.*last lines of"):
+        s.start()
+    assert group_members(s.proc.pid) == []
+
+
+def test_an_interrupt_while_starting_stops_the_server(serve_dir, tmp_path, monkeypatch):
+    def interrupted(self):
+        time.sleep(3)  # the server is up to its imports
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Server, "_wait_ready", interrupted)
+    s = Server(serve_dir, log_path=tmp_path / "vllm.log")
+    with pytest.raises(KeyboardInterrupt):
+        s.start()
+    assert s.proc.poll() is not None and group_members(s.proc.pid) == []
+
+
+def test_counters_parse_and_per_position_definitions_agree():
+    page = "\n".join([
+        "# TYPE vllm:spec_decode_num_drafts_total counter", 'vllm:spec_decode_num_drafts_total{engine="0"} 10.0',
+        "# TYPE vllm:spec_decode_num_draft_tokens_total counter", 'vllm:spec_decode_num_draft_tokens_total{engine="0"} 30.0',
+        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter", 'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 12.0',
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
+        *[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {c}' for i, c in enumerate((6.0, 4.0, 2.0))],
+    ]) + "\n"
+    zero = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_pos": []}
+    m = served.served_metrics(served.delta(zero, served.spec_counters(page)))
+    assert m["tau"] == pytest.approx(2.2) and m["acceptance_rate"] == pytest.approx(0.4)
+    assert m["per_position_unconditional"] == pytest.approx([0.6, 0.4, 0.2])
+    assert m["alpha_n"] == pytest.approx([0.6, 4 / 6, 0.5])
+    from draftlab.accept import Step, metrics
+
+    steps = [Step(3, a, 0) for a in (3, 3, 2, 2, 1, 1, 0, 0, 0, 0)]  # the same 10 passes, as draftlab counts them
+    assert served.loop_unconditional(steps, 3) == pytest.approx(m["per_position_unconditional"])
+    assert metrics(steps, 3)["alpha_n"] == pytest.approx(m["alpha_n"]) and metrics(steps, 3)["tau"] == pytest.approx(m["tau"])
