@@ -93,6 +93,7 @@ def served_positions(positions: dict[str, dict[str, list[float]]], title: str, o
     for i, (kind, by_engine) in enumerate(positions.items()):
         for engine, ys in by_engine.items():
             ax.plot(range(1, len(ys) + 1), ys, "o-" if engine == "vLLM" else "s--", color=f"C{i}", label=f"{kind}, {engine}")
+    ax.set_xticks(range(1, 1 + max((len(ys) for e in positions.values() for ys in e.values()), default=1)))
     ax.set_xlabel("draft position i")
     ax.set_ylabel("P(positions 1..i accepted)")
     ax.set_ylim(-0.02, 1.02)
