@@ -57,7 +57,7 @@ notebooks: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/draftlab run --profile ci
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --allow-root
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --allow-root --ip=127.0.0.1
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_extract.py

@@ -268,3 +268,11 @@ def test_bfloat16_verifier_and_draft_decode_losslessly(tiny, tiny_dir, eagle_pat
         for prop in (NGramProposer(), *(make_proposer(d, v16.vocab_size) for d in drafts)):
             got = accept.speculative_generate(v16, prop, ids, 4, N_NEW).tokens
             assert greedy_agreement(v16, ids, got, ref)["lossless"], (p, type(prop).__name__)
+
+
+def test_non_integer_k_and_a_prompt_past_the_position_limit_are_named(tiny):
+    with pytest.raises(DraftlabError, match="whole numbers for k and max_new_tokens .*k=2.5"):
+        accept.speculative_generate(tiny, NGramProposer(), [5, 6, 7], 2.5, 8)
+    long = (tiny.tokenizer("hello how are you today")["input_ids"] * 200)[:505]  # the tiny verifier has 512 positions
+    with pytest.warns(UserWarning, match="505 tokens plus 8 new ones passes the verifier's position limit \\(512\\)"):
+        accept.speculative_generate(tiny, NGramProposer(), long, 2, 8)

@@ -169,3 +169,9 @@ def test_vocab_mapping_is_speculators_and_saved_where_its_cli_looks(tiny, tmp_pa
     assert heldout_coverage({6: 1, 7: 3}, t2d) == pytest.approx(0.75)
     with pytest.raises(DraftlabError, match="exceeds"):
         build_mapping(freq, tiny.vocab_size + 1, tiny.vocab_size, tmp_path)
+
+
+def test_a_prompt_past_the_position_limit_is_warned_about(tiny, tmp_path):
+    long = Prompt("long", "chat", "hello how are you today " * 120, "train")  # about 600 tokens; the tiny verifier has 512
+    with pytest.warns(UserWarning, match=r"1 prompt\(s\) \(first long\) plus max_new_tokens=4 pass the verifier's position limit \(512\)"):
+        generate_responses(tiny, [long, Prompt("short", "chat", "hello", "train")], tmp_path / "r.jsonl", max_new_tokens=4, batch_size=2)

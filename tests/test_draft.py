@@ -261,3 +261,38 @@ def test_one_off_forwards_skip_torch_compile():
     assert graphs == []
     f(torch.ones(3))
     assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("where", ["shared layer config", "one layer's attention"])
+def test_an_attention_setting_unset_after_build_is_refused_at_every_forward(tiny, data_dir, where):
+    d = build_eagle3(tiny, data_dir)
+    batch = packed(tiny, data_dir)
+    d.forward(batch)  # fine as built
+    if where == "shared layer config":
+        d.model.config.transformer_layer_config._attn_implementation = None
+    else:
+        import copy
+
+        attn = next(m for m in d.model.modules() if type(m).__name__.endswith("Attention"))
+        attn.config = copy.copy(attn.config)
+        attn.config._attn_implementation = None
+    with pytest.raises(DraftlabError, match="_attn_implementation is unset"):
+        d.forward(batch)
+
+
+def test_a_bf16_saved_draft_loads_on_its_fp32_verifier_and_another_verifier_is_named(tiny, tmp_path):
+    from conftest import make_model, make_tokenizer
+
+    from draftlab.proposers import load_draft
+    from draftlab.verifier import load_verifier
+
+    build_eagle3(tiny, None).model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    load_draft(tmp_path / "bf16", tiny)  # the same verifier in another dtype: not another checkpoint
+    tok = make_tokenizer()
+    make_model(len(tok), seed=1).save_pretrained(tmp_path / "other")
+    tok.save_pretrained(tmp_path / "other")
+    other = load_verifier(tmp_path / "other", device="cpu", dtype="float32")
+    with pytest.raises(DraftlabError, match=r"frozen \[.*'embed_tokens'.*\] differ from verifier .*other's \(compared in bfloat16\): "
+                                            r"the draft was made for another verifier .*Load the verifier it was trained for"):
+        load_draft(tmp_path / "bf16", other)

@@ -83,8 +83,9 @@ def test_ttt_extension_with_a_pack_not_a_multiple_of_128_is_caught_before_flex(p
 def test_attention_choice_is_explicit_and_explained():
     assert pick_attention("cpu")[0] == "sdpa" and "no backward" in pick_attention("cpu")[1]
     assert pick_attention("cuda")[0] == FLEX
-    impl, why = pick_attention("cpu", force="flex")
-    assert impl == FLEX and "forward only" in why
+    with pytest.raises(DraftlabError, match="attention='flex' on cpu: torch's flex attention has no backward on CPU.*Use attention='sdpa'"):
+        pick_attention("cpu", force="flex")  # refused when the draft is built, not when training fails in torch
+    assert pick_attention("cpu", force="sdpa") == ("sdpa", "forced by parameter (sdpa)")
     with pytest.raises(DraftlabError, match="unknown"):
         pick_attention("cpu", force="flash")
     from torch.nn.attention.flex_attention import create_block_mask, create_mask

@@ -123,3 +123,29 @@ def test_headless_runs_draw_text_progress_and_no_widgets(tmp_path, monkeypatch):
     assert "work: 100%" in text and "hub bars off: 1" in text, text
     assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
     assert "DRAFTLAB_HEADLESS" not in os.environ, "the headless switch must not leak into the calling process"
+
+
+def test_a_misspelt_or_mistyped_profile_key_is_refused_before_any_notebook(tmp_path, monkeypatch):
+    from draftlab import DraftlabError
+    from draftlab.config import check_parameters, load_profile
+
+    with pytest.raises(DraftlabError, match="no notebook has a parameter 'n_chatt'; did you mean 'n_chat'"):
+        check_parameters({"n_chatt": 3}, "bad.yaml")
+    with pytest.raises(DraftlabError, match="train_steps='ten' is a str, but the notebooks expect a int"):
+        check_parameters({"train_steps": "ten"}, "bad.yaml")
+    with pytest.raises(DraftlabError, match="serve_with_vllm=1 is a int, but the notebooks expect a bool"):
+        check_parameters({"serve_with_vllm": 1}, "bad.yaml")
+    check_parameters({"learning_rate": 1, "layer_ids": [2, 3], "spec_prompts": None}, "ok.yaml")  # int for float; None
+    home = tmp_path / "home"
+    (home / "notebooks" / "params").mkdir(parents=True)
+    for nb in NOTEBOOKS:
+        (home / "notebooks" / nb.name).symlink_to(nb)
+    (home / "notebooks" / "params" / "bad.yaml").write_text("n_chatt: 3\n")
+    monkeypatch.setenv("DRAFTLAB_HOME", str(home))
+    with pytest.raises(DraftlabError, match="bad.yaml: no notebook has a parameter 'n_chatt'"):
+        load_profile("bad")
+
+
+def test_make_lab_binds_loopback_only():
+    lab = re.search(r"^lab:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert "--ip=127.0.0.1" in lab

@@ -309,3 +309,52 @@ def test_an_interrupt_stops_the_training_processes(tiny, data, monkeypatch):
         train_jobs.train_drafts({"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash")}, data, Settings(**S), side=True, progress=False)
     assert len(started) == 2 and all(p.returncode is not None for p in started)
     assert not (data / "drafts" / "eagle3" / "job" / "result.json").exists()
+
+
+def test_a_dict_where_settings_belong_is_named(tiny, tmp_path):
+    from draftlab.draft import build_eagle3
+
+    with pytest.raises(DraftlabError, match=r"train\(\) takes a draftlab.train.Settings, not a dict: pass Settings\(\*\*\{'steps': 1\}\)"):
+        train(build_eagle3(tiny, None), tmp_path, {"steps": 1})
+
+
+def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_path):
+    first = train(make(tiny, data), data, Settings(**{**S, "steps": 2, "checkpoint_every": 2, "eval_every": 2}), tmp_path / "run", progress=False)
+    weights = (first / "final" / "model.safetensors").read_bytes()
+    d = make(tiny, data, seed=1)
+    real, calls = d.forward, []
+
+    def nan_at_step_3(batch, **kw):
+        calls.append(1)
+        t, loss, m = real(batch, **kw)
+        return t, loss * float("nan") if len(calls) == 3 else loss, m
+
+    d.forward = nan_at_step_3
+    with pytest.raises(DraftlabError, match=r"loss is nan at step 3: .*the earlier run is kept in .*\.previous"):
+        train(d, data, Settings(**{**S, "steps": 6, "checkpoint_every": 5, "eval_every": 5}), first, progress=False)
+    prev = first / ".previous"
+    assert (prev / "final" / "model.safetensors").read_bytes() == weights and (prev / "checkpoints" / "step-2").is_dir()
+    again = train(make(tiny, data, seed=2), data, Settings(**{**S, "steps": 2, "checkpoint_every": 2, "eval_every": 2}), first, progress=False)
+    assert not prev.exists() and (again / "final" / "model.safetensors").exists(), "set aside only until the new run checkpoints"
+
+
+@pytest.mark.parametrize("damage", ["cut", "altered"])
+def test_a_damaged_hidden_state_file_is_named_before_training(tiny, data, tmp_path, damage):
+    from draftlab.train_data import open_split
+
+    split = tmp_path / "train"
+    shutil.copytree(data / "train", split)
+    d = make(tiny, data)
+    open_split(d, split, 96)  # sound: every file hashed once and remembered
+    assert len(json.loads((split / ".verified.json").read_text())) == 10
+    f = split / "hidden_states" / "hs_3.safetensors"
+    blob = bytearray(f.read_bytes())
+    if damage == "cut":
+        f.write_bytes(bytes(blob[: len(blob) // 2]))
+        why = "it holds .* bytes, the manifest says"
+    else:
+        blob[-8:] = bytes(8)  # same size, other bytes
+        f.write_bytes(bytes(blob))
+        why = "its bytes differ from the manifest's sha256"
+    with pytest.raises(DraftlabError, match=f"1 hidden-state file.*hs_3.safetensors: {why}.*Re-run notebook 01"):
+        open_split(d, split, 96)

@@ -108,3 +108,47 @@ def test_gguf_is_parsed_once_within_a_conversion_and_gguf_is_restored_after(tmp_
         raise RuntimeError("an interrupted conversion restores gguf too")
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
     assert gguf.GGUFReader(str(path)) is not gguf.GGUFReader(str(path))
+
+
+def test_an_empty_weights_file_and_a_non_causal_directory_are_named(tiny_dir, tmp_path):
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_dir, cut)
+    (cut / "model.safetensors").write_bytes(b"")
+    with pytest.raises(DraftlabError, match=r"\['model.safetensors'\] are empty or cut short; copy them again"):
+        resolve_verifier(cut)
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"], "model_type": "bert"}))
+    (bert / "model.safetensors").write_bytes(b"\0" * 64)
+    with pytest.raises(DraftlabError, match=r"is a \['BertForMaskedLM'\] checkpoint: draftlab needs a decoder-only causal LM"):
+        resolve_verifier(bert)
+
+
+def test_a_dtype_mismatch_names_the_dtype_to_pass(tiny_dir):
+    from draftlab.draft import build_eagle3
+
+    v = load_verifier(tiny_dir, device="cpu", dtype="bfloat16")
+    with pytest.raises(DraftlabError, match=r"draft dtype float32 \(from dtype='auto' on cpu\) differs from the verifier's bfloat16; build with dtype='bfloat16'"):
+        build_eagle3(v, None)
+
+
+def test_the_fingerprint_sees_other_weights_of_the_same_shape_and_is_cached(tiny_dir, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from draftlab.verifier import fingerprint
+
+    cache = tmp_path / "digests.json"
+    tuned = tmp_path / "tuned"
+    shutil.copytree(tiny_dir, tuned)
+    state = load_file(tuned / "model.safetensors")
+    state["lm_head.weight"] = state["lm_head.weight"] + 1e-3  # same config, same file size, other weights
+    save_file(state, tuned / "model.safetensors", metadata={"format": "pt"})
+    assert (tuned / "model.safetensors").stat().st_size == (tiny_dir / "model.safetensors").stat().st_size
+    assert fingerprint(tuned, cache) != fingerprint(tiny_dir, cache)
+    assert len(json.loads(cache.read_text())) == 2
+    before = cache.stat().st_mtime_ns
+    assert fingerprint(tuned, cache) == fingerprint(tuned, cache) and cache.stat().st_mtime_ns == before, "read from the cache"

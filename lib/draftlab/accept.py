@@ -89,8 +89,17 @@ def speculative_generate(verifier, proposer: Proposer, prompt_ids: list[int], k:
                          temperature: float = 0.0, seed: int = 0, eos_id: int | None = -1) -> Generation:
     """Generate up to max_new_tokens with `proposer` drafting k tokens per verifier pass; eos_id=-1 means
     the tokenizer's eos, None never stops early. Returns the tokens and one `Step` per decode pass."""
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (k, max_new_tokens)):
+        raise DraftlabError(f"speculative_generate needs whole numbers for k and max_new_tokens (got k={k!r}, max_new_tokens={max_new_tokens!r}).")
     if k < 0 or max_new_tokens < 1 or not prompt_ids:
         raise DraftlabError(f"speculative_generate needs k >= 0, max_new_tokens >= 1 and a prompt (got k={k}, max_new_tokens={max_new_tokens}, {len(prompt_ids)} prompt tokens).")
+    limit = getattr(verifier.config, "max_position_embeddings", None)
+    if limit and len(prompt_ids) + max_new_tokens > limit:
+        import warnings
+
+        warnings.warn(f"a prompt of {len(prompt_ids)} tokens plus {max_new_tokens} new ones passes the verifier's position limit "
+                      f"({limit}): past it its outputs are not what it was trained to give. Shorten the prompt or max_new_tokens.",
+                      stacklevel=2)
     if temperature < 0:
         raise DraftlabError(f"temperature={temperature} must be >= 0 (0 means greedy verification).")
     eos_id = verifier.tokenizer.eos_token_id if eos_id == -1 else eos_id

@@ -27,10 +27,10 @@ def pick_attention(device: str | torch.device, force: str | None = None) -> tupl
         if force not in ALIASES:
             raise DraftlabError(f"attention={force!r} unknown; use one of flex, sdpa, eager (or leave it unset).")
         impl = ALIASES[force]
-        reason = f"forced by parameter ({force})"
         if impl == FLEX and not cuda:
-            reason += "; note: on CPU flex attention runs forward only (no backward), so it cannot train here"
-        return impl, reason
+            raise DraftlabError(f"attention={force!r} on {device}: torch's flex attention has no backward on CPU, so this draft "
+                                "could not train. Use attention='sdpa' (or leave it unset) on CPU; flex is for CUDA.")
+        return impl, f"forced by parameter ({force})"
     if cuda:
         return FLEX, "CUDA: flex attention consumes the BlockMask directly (sparse blocks skipped, fused kernel)"
     return "sdpa", "CPU: flex attention has no backward here, so sdpa with a dense boolean mask"
@@ -55,6 +55,13 @@ def require_impl(impl: str | None) -> str:
     if impl not in ALIASES.values():
         raise DraftlabError(f"_attn_implementation={impl!r} is not one draftlab supports: {FLEX}, sdpa or eager.")
     return impl
+
+
+def attention_settings(model) -> set:
+    """The `_attn_implementation` of every config a module of `model` reads (the draft's layers share one;
+    a None set on any of them after build makes transformers' eager path add a boolean mask as 0/1)."""
+    return {m.config._attn_implementation for m in model.modules()
+            if hasattr(getattr(m, "config", None), "_attn_implementation")}
 
 
 def check_mask(impl: str | None, mask) -> None:

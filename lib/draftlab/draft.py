@@ -25,7 +25,7 @@ import torch
 
 from draftlab import DraftlabError, manifest
 from draftlab import draft_checks as checks
-from draftlab.attention import check_mask, pick_attention
+from draftlab.attention import attention_settings, check_mask, pick_attention, require_impl
 from draftlab.config import data_dir, pick_dtype
 from draftlab.extract import default_layer_ids, validate_layer_ids
 from draftlab.verifier import Verifier, load_verifier
@@ -59,6 +59,8 @@ class Draft:
         """speculators' training forward on one packed batch, after draftlab's checks; a pack length
         the flex BlockMask cannot serve is padded (and the choice recorded). `overrides` replace
         forward kwargs of `train_kwargs` for this call only (e.g. ttt_steps)."""
+        for impl in attention_settings(self.model):  # every call: a setting changed after build would mask nothing
+            require_impl(impl)
         batch = checks.check_batch_dtype(batch, self.dtype, cast)
         ids = self.model.target_layer_ids
         checks.check_layer_ids(ids, None, self.verifier.hidden_size, batch["hidden_states"].shape[-1])
@@ -135,9 +137,11 @@ def read_data(folder: Path | None, v: Verifier, draft_vocab_size: int | None) ->
     return man["layer_ids"], man, d2t, t2d
 
 
-def verify(draft: Draft) -> None:
+def verify(draft: Draft, saved_dtype: torch.dtype | None = None) -> None:
     """No NaN left (speculators' marker for verifier weights it did not load), and the frozen parts
-    equal the verifier's tensors: embeddings, verifier norm, and lm_head rows picked by d2t."""
+    equal the verifier's tensors: embeddings, verifier norm, and lm_head rows picked by d2t. A draft
+    saved in another dtype than the verifier's is compared in `saved_dtype`: a precision change is not
+    another checkpoint."""
     m, v = draft.model, draft.verifier
     nan = checks.nan_parameters(m)
     if nan:
@@ -147,9 +151,13 @@ def verify(draft: Draft) -> None:
         rows = rows[torch.arange(len(m.d2t), device=rows.device) + m.d2t.to(rows.device)]
     pairs = {"embed_tokens": (m.embed_tokens.weight, v.embed.weight), "lm_head": (m.lm_head.weight, rows),
              "verifier_lm_head": (m.verifier_lm_head.weight, rows), "verifier_norm": (m.verifier_norm.weight, v.norm.weight)}
-    bad = [n for n, (a, b) in pairs.items() if not torch.equal(a, b.to(a.device, a.dtype))]
+    cmp = saved_dtype or m.embed_tokens.weight.dtype
+    bad = [n for n, (a, b) in pairs.items() if not torch.equal(a.to(cmp), b.to(a.device, cmp))]
     if bad:
-        raise DraftlabError(f"draft {bad} differ from the verifier's tensors; speculators read another checkpoint ({m.config.speculators_config.verifier.name_or_path}).")
+        name = str(cmp).removeprefix("torch.")
+        raise DraftlabError(f"the draft's frozen {bad} differ from verifier {v.path}'s (compared in {name}): the draft was made for "
+                            f"another verifier ({m.config.speculators_config.verifier.name_or_path}). Load the verifier it was trained "
+                            f"for, in the dtype it was trained in ({name}), or train a draft for this one.")
     if draft.attention != "simple_flex_attention" or str(v.device).startswith("cuda"):
         mask = m._create_mask_fn(lambda b, h, q, kv: q >= kv, B=None, H=None, Q_LEN=128, KV_LEN=128, device=v.device)
         check_mask(draft.attention, mask)
@@ -177,7 +185,9 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
     dev, dt = str(v.device), pick_dtype(dtype, str(v.device))
     name = str(dt).removeprefix("torch.")
     if dt != v.dtype:
-        raise DraftlabError(f"draft dtype {name} differs from the verifier's {v.dtype}; load the verifier with dtype={name!r} or build with dtype='auto'.")
+        have = str(v.dtype).removeprefix("torch.")
+        raise DraftlabError(f"draft dtype {name} (from dtype={dtype!r} on {dev}) differs from the verifier's {have}; build with "
+                            f"dtype={have!r}, or load the verifier with dtype={name!r}.")
     data_ids, man, d2t, t2d = read_data(data, v, draft_vocab_size)
     if man and man.get("dtype") != name:
         raise DraftlabError(f"{data} stores hidden states as {man.get('dtype')} but the draft is {name}; build with dtype={man.get('dtype')!r} or re-extract stage 01 in {name}.")

@@ -59,7 +59,42 @@ def write_sample(path: Path, token_ids, hs: torch.Tensor) -> dict:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(blob)
     os.replace(tmp, path)  # atomic: a file at its final name is always complete
-    return {"sha256": hashlib.sha256(blob).hexdigest(), "tokens": len(token_ids), "ids": ids_digest(token_ids)}
+    return {"sha256": hashlib.sha256(blob).hexdigest(), "tokens": len(token_ids), "ids": ids_digest(token_ids), "bytes": len(blob)}
+
+
+VERIFIED = ".verified.json"  # sha256 already checked, per (file, size, mtime): a split is hashed once, not at every open
+
+
+def verify_files(folder: Path) -> None:
+    """Every sample file of a split against its manifest entry before training reads it: the size first
+    (a cut file), then the sha256 (altered bytes), each file hashed once per size and mtime."""
+    folder = Path(folder)
+    files = (read(folder) or {}).get("files", {})
+    cache_path = folder / VERIFIED
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    bad = []
+    for i, entry in sorted(files.items(), key=lambda kv: int(kv[0])):
+        f = folder / "hidden_states" / f"hs_{i}.safetensors"
+        if not f.exists():
+            bad.append((f, "it is missing"))
+            continue
+        st = f.stat()
+        if "bytes" in entry and st.st_size != entry["bytes"]:
+            bad.append((f, f"it holds {st.st_size} bytes, the manifest says {entry['bytes']} (cut short or overwritten)"))
+            continue
+        key = f"{i}:{st.st_size}:{st.st_mtime_ns}"
+        if cache.get(key) == entry["sha256"]:
+            continue
+        if hashlib.sha256(f.read_bytes()).hexdigest() != entry["sha256"]:
+            bad.append((f, "its bytes differ from the manifest's sha256 (altered after extraction)"))
+            continue
+        cache[key] = entry["sha256"]
+    tmp = cache_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cache))
+    os.replace(tmp, cache_path)
+    if bad:
+        raise DraftlabError(f"{folder}: {len(bad)} hidden-state file(s) do not match manifest.json; the first, {bad[0][0]}: {bad[0][1]}. "
+                            "Re-run notebook 01 for this dataset_name: it keeps the sound files and redoes these.")
 
 
 def sound_entry(path: Path, entry: dict | None, ids, n_slots: int, hidden: int) -> dict | None:

@@ -234,6 +234,14 @@ def generate_responses(
             done[rec["id"]] = rec["response"]
     todo = [p for p in prompts if p.id not in done]
     seqs = {p.id: _chat_ids(tok, p.text) for p in todo}
+    limit = getattr(verifier.config, "max_position_embeddings", None)
+    over = [p.id for p in todo if limit and len(seqs[p.id]) + max_new_tokens > limit]
+    if over:
+        import warnings
+
+        warnings.warn(f"{len(over)} prompt(s) (first {over[0]}) plus max_new_tokens={max_new_tokens} pass the verifier's position "
+                      f"limit ({limit}): their answers are not what it was trained to give. Lower max_prompt_chars or max_new_tokens.",
+                      stacklevel=2)
     todo.sort(key=lambda p: len(seqs[p.id]))
     path.parent.mkdir(parents=True, exist_ok=True)
     model = verifier.model

@@ -226,5 +226,6 @@ def load_draft(path, verifier):
     train_config = _train_config(kind, head_view(verifier), **{k: v for k, v in flat.items() if v is not None})
     train_kwargs, _ = cls.get_trainer_kwargs(**train_config.flatten())
     draft = Draft(model, kind, verifier, train_config, train_kwargs, {"checkpoint": (str(path), "loaded for drafting, sdpa")})
-    verify(draft)
+    saved = json.loads((path / "config.json").read_text()).get("dtype")
+    verify(draft, getattr(torch, saved) if isinstance(saved, str) and isinstance(getattr(torch, saved, None), torch.dtype) else None)
     return draft

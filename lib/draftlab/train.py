@@ -112,10 +112,24 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+PREVIOUS = ".previous"  # a finished or checkpointed run set aside by a fresh one, until that one has a checkpoint
+RUN_FILES = ("checkpoints", "final", "metrics.jsonl")
+
+
 def _start(run_dir: Path, draft, opt, sched, hp: dict, resume: bool) -> int:
-    """Fresh: clear the run folder. Resume: restore the latest checkpoint, keep metrics up to it."""
+    """Fresh: set a run that has a checkpoint or a final/ aside in `.previous/` (nothing a user has is
+    deleted before the new run saves a good checkpoint); clear a run that has neither. Resume: restore
+    the latest checkpoint, keep metrics up to it."""
     last = ckpt.latest(run_dir) if resume else None
     if last is None:
+        if ckpt.latest(run_dir) or (run_dir / "final" / "config.json").exists():
+            prev = run_dir / PREVIOUS
+            shutil.rmtree(prev, ignore_errors=True)
+            prev.mkdir()
+            for p in RUN_FILES:
+                if (run_dir / p).exists():
+                    (run_dir / p).rename(prev / p)
+            print(f"A fresh run in {run_dir}: the earlier run is kept in {prev} until this one saves its first checkpoint.")
         for p in ("checkpoints", "final"):
             shutil.rmtree(run_dir / p, ignore_errors=True)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
@@ -136,6 +150,10 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
     """
     from draftlab.progress import progress_bar
 
+    if settings is not None and not isinstance(settings, Settings):
+        raise DraftlabError(f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}: "
+                            f"pass Settings(**{settings!r})" if isinstance(settings, dict) else
+                            f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}.")
     s = settings or Settings()
     data, run_dir = Path(data), Path(run_dir or Path(data) / "drafts" / draft.kind)
     configure(draft, s)
@@ -162,13 +180,14 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
             lr = sched.get_last_lr()[0]
             _, loss, m = draft.forward(batch)
             if not torch.isfinite(loss):
-                raise DraftlabError(f"loss is {loss.item()} at step {step + 1}: training stopped. Last good checkpoint: {ckpt.latest(run_dir)}. "
-                                    f"Lower learning_rate (now {s.learning_rate}) or check the data of this pack.")
+                raise DraftlabError(f"loss is {loss.item()} at step {step + 1}: training stopped. Last good checkpoint: {ckpt.latest(run_dir)}"
+                                    f"{_kept(run_dir)}. Lower learning_rate (now {s.learning_rate}) or check the data of this pack.")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_([p for p in draft.model.parameters() if p.requires_grad], s.grad_clip)
             if not torch.isfinite(norm):
-                raise DraftlabError(f"gradient norm is {norm.item()} at step {step + 1}: training stopped. Last good checkpoint: {ckpt.latest(run_dir)}.")
+                raise DraftlabError(f"gradient norm is {norm.item()} at step {step + 1}: training stopped. Last good checkpoint: "
+                                    f"{ckpt.latest(run_dir)}{_kept(run_dir)}.")
             opt.step()
             sched.step()
             step += 1
@@ -182,11 +201,17 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
                 _log(metrics_path, {"step": step, "split": "eval", "lr": lr, **evaluate(draft, eval_packs, s.eval_packs)})
             if step % s.checkpoint_every == 0 or step == end:
                 ckpt.save(run_dir, draft, step, opt, sched, train_packs.position(step), hp, s.keep_checkpoints)
+                shutil.rmtree(run_dir / PREVIOUS, ignore_errors=True)  # the new run has a good checkpoint now
             t0 = time.perf_counter()  # a step's time includes waiting for its pack, not the evaluation before it
     bar.close()
     if step >= s.steps:
         ckpt.write_final(run_dir, draft)
     return run_dir
+
+
+def _kept(run_dir: Path) -> str:
+    prev = Path(run_dir) / PREVIOUS
+    return f"; the earlier run is kept in {prev} (move its {', '.join(RUN_FILES)} back to use it)" if prev.exists() else ""
 
 
 def first_accuracy(kind: str, record: dict) -> float:

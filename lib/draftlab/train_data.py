@@ -41,6 +41,7 @@ def open_split(draft, folder: Path, pack_len: int):
     ds = ArrowDataset(max_len=pack_len, datapath=str(folder), on_missing="raise", hidden_states_dtype=draft.dtype)
     if len(ds) == 0:
         raise DraftlabError(f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code).")
+    manifest.verify_files(folder)  # before speculators reads a cut or altered file deep in its loader
     shortest = min(ds.approx_lengths)
     if shortest > pack_len:
         raise DraftlabError(

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,9 @@ EMBEDDED = "smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+# Heads of encoder models (BERT-style): no next-token logits, so never a verifier.
+ENCODER_SUFFIXES = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
+                    "ForMultipleChoice", "ForPreTraining", "ForNextSentencePrediction")
 # Prefixes under which wrapper checkpoints store the text model, and what they become.
 WRAPPER_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""), ("text_model.", ""))
 
@@ -99,11 +103,20 @@ def resolve_verifier(spec: str | Path | None) -> Path:
         )
     if not (path / "config.json").exists():
         raise DraftlabError(f"verifier directory {path} has no config.json; save the model with save_pretrained().")
-    if not any(next(path.glob(g), None) for g in WEIGHT_GLOBS):
+    weights = [f for g in WEIGHT_GLOBS for f in sorted(path.glob(g))]
+    if not weights:
         raise DraftlabError(
             f"verifier directory {path} has a config.json but no weights (*.safetensors or "
             "pytorch_model*.bin); copy the weight files next to config.json."
         )
+    empty = [f.name for f in weights if f.stat().st_size < 8]  # a safetensors file starts with an 8-byte header length
+    if empty:
+        raise DraftlabError(f"verifier directory {path}: weight file(s) {empty} are empty or cut short; copy them again "
+                            "from the source checkpoint.")
+    archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+    if archs and all(a.endswith(ENCODER_SUFFIXES) for a in archs):
+        raise DraftlabError(f"verifier {path} is a {archs} checkpoint: draftlab needs a decoder-only causal LM (an "
+                            "architecture such as LlamaForCausalLM), whose next-token logits a draft can learn.")
     return path
 
 
