@@ -59,14 +59,8 @@ def alpha_plot(alphas: dict[str, list], title: str, out_dir=None):
     for name, a in alphas.items():
         y = [np.nan if x is None else x for x in a]
         ax.plot(range(1, len(y) + 1), y, "o--" if "offline" in name else "o-", label=name)
-    ax.set_xlabel("draft position n")
-    ax.set_ylabel("alpha_n = P(accept n | 1..n-1 accepted)")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return save(fig, out_dir, "alpha_n")
+    return _finish(fig, ax, "draft position n", "alpha_n = P(accept n | 1..n-1 accepted)", title, out_dir, "alpha_n")
 
 
 def tau_vs_k(taus: dict[str, dict[int, float]], title: str, out_dir=None):
@@ -77,13 +71,7 @@ def tau_vs_k(taus: dict[str, dict[int, float]], title: str, out_dir=None):
         ax.plot(ks, [by_k[k] for k in ks], "o-", label=name)
     ax.axhline(1.0, color="k", lw=0.6, ls=":")
     ax.set_xticks(sorted(set().union(*map(set, taus.values()))))
-    ax.set_xlabel("draft length k (chain)")
-    ax.set_ylabel("tau (tokens per verifier pass)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return save(fig, out_dir, "tau_vs_k")
+    return _finish(fig, ax, "draft length k (chain)", "tau (tokens per verifier pass)", title, out_dir, "tau_vs_k")
 
 
 def served_positions(positions: dict[str, dict[str, list[float]]], title: str, out_dir=None):
@@ -94,11 +82,16 @@ def served_positions(positions: dict[str, dict[str, list[float]]], title: str, o
         for engine, ys in by_engine.items():
             ax.plot(range(1, len(ys) + 1), ys, "o-" if engine == "vLLM" else "s--", color=f"C{i}", label=f"{kind}, {engine}")
     ax.set_xticks(range(1, 1 + max((len(ys) for e in positions.values() for ys in e.values()), default=1)))
-    ax.set_xlabel("draft position i")
-    ax.set_ylabel("P(positions 1..i accepted)")
     ax.set_ylim(-0.02, 1.02)
+    return _finish(fig, ax, "draft position i", "P(positions 1..i accepted)", title, out_dir, "served_per_position")
+
+
+def _finish(fig, ax, xlabel: str, ylabel: str, title: str, out_dir, name: str):
+    """Labels, title, legend and grid of a line plot; saved as <name>.png when out_dir is given."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    return save(fig, out_dir, "served_per_position")
+    return save(fig, out_dir, name)
