@@ -120,13 +120,34 @@ def resolve_verifier(spec: str | Path | None) -> Path:
     return path
 
 
-def fingerprint(path: Path) -> str:
-    """Identity of a verifier: its config and the names and sizes of its weight files."""
+def fingerprint(path: Path, cache: Path | None = None) -> str:
+    """Identity of a verifier: its config and a digest of each weight file's contents, so a fine-tuned or
+    re-quantised copy with the same config and file sizes is another verifier. Digests are cached by
+    path, size and mtime (`data/cache/weight-digests.json`): a file is read once, not at every load."""
     h = hashlib.sha256((path / "config.json").read_bytes())
     for g in WEIGHT_GLOBS:
         for f in sorted(path.glob(g)):
-            h.update(f"{f.name}:{f.stat().st_size}".encode())
+            h.update(f"{f.name}:{file_digest(f, cache)}".encode())
     return h.hexdigest()[:16]
+
+
+def file_digest(f: Path, cache: Path | None = None) -> str:
+    """sha256 of a file, remembered by (resolved path, size, mtime)."""
+    cache = Path(cache or data_dir() / "cache" / "weight-digests.json")
+    st = f.stat()
+    key = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    if key not in known:
+        digest = hashlib.sha256()
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(block)
+        known[key] = digest.hexdigest()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=0))
+        os.replace(tmp, cache)
+    return known[key]
 
 
 @dataclass
