@@ -131,3 +131,20 @@ def test_counters_parse_and_per_position_definitions_agree():
     steps = [Step(3, a, 0) for a in (3, 3, 2, 2, 1, 1, 0, 0, 0, 0)]  # the same 10 passes, as draftlab counts them
     assert served.loop_unconditional(steps, 3) == pytest.approx(m["per_position_unconditional"])
     assert metrics(steps, 3)["alpha_n"] == pytest.approx(m["alpha_n"]) and metrics(steps, 3)["tau"] == pytest.approx(m["tau"])
+
+
+def test_a_verifier_vllm_cannot_serve_leaves_the_rest_of_stage_05_running(tiny):
+    """The shared tiny verifier has head_dim 8, which vLLM's CPU attention does not take."""
+    got = served.measure(tiny, {}, [{"id": "p", "text": "hello", "ids": [5, 6, 7]}], K, 4, tiny.path.parent / "served-logs")
+    assert got["available"] is False and got["reason"].startswith("vLLM could not serve the verifier: vLLM "), got
+    from pathlib import Path
+
+    def cmdline(c):
+        try:
+            return c.read_bytes().decode(errors="replace")
+        except OSError:  # the process ended while we looked
+            return ""
+
+    left = [c for c in Path("/proc").glob("[0-9]*/cmdline") if str(tiny.path) in cmdline(c)]
+    assert left == [], "the server that could not serve is stopped"
+    assert served.report(tiny, [], [], got, {}, {}) == {} and served.for_metrics(got, {}) == {"available": False, "reason": got["reason"]}

@@ -157,6 +157,7 @@ class Server:
 
     def __init__(self, verifier_dir, draft_dir=None, k: int = 5, dtype: str = "float32", device: str = "cpu",
                  max_model_len: int = 2048, log_path=None, startup_timeout: float = 600, seed: int = 0):
+        self.draft_cfg = None
         if draft_dir is not None:
             if not isinstance(k, int) or k < 1:
                 raise DraftlabError(f"k={k!r}: a served draft needs an integer number of speculative tokens >= 1.")

@@ -107,9 +107,12 @@ def measure(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_
     dtype = str(verifier.dtype).removeprefix("torch.")
     common = {"dtype": dtype, "device": str(verifier.device), "max_model_len": model_len(prompts, max_tokens, k)}
     runs: dict = {}
-    with Server(verifier.path, None, log_path=Path(log_dir) / "vllm-verifier.log", **common) as s:
-        runs["verifier alone"] = workload(s, prompts, max_tokens)
-        runs["verifier alone"]["vllm_prompt_ids"] = [s.tokenize(p["text"]) for p in prompts]
+    try:
+        with Server(verifier.path, None, log_path=Path(log_dir) / "vllm-verifier.log", **common) as s:
+            runs["verifier alone"] = workload(s, prompts, max_tokens)
+            runs["verifier alone"]["vllm_prompt_ids"] = [s.tokenize(p["text"]) for p in prompts]
+    except DraftlabError as e:  # e.g. a model family this vLLM build cannot serve: the rest of stage 05 goes on
+        return {"available": False, "reason": f"vLLM could not serve the verifier: {str(e).splitlines()[0]}"}
     for kind, path in drafts.items():
         try:
             with Server(verifier.path, path, k, log_path=Path(log_dir) / f"vllm-{kind}.log", **common) as s:
