@@ -33,11 +33,14 @@ SERVED_NAME = "verifier"
 METHODS = {"eagle3": "eagle3", "dflash": "dflash"}  # speculators_model_type -> vLLM's method
 
 
-def vllm_executable() -> Path:
-    """The `vllm` CLI draftlab starts: $DRAFTLAB_VLLM, else the Makefile's .venv-vllm, else PATH's."""
+def vllm_executable(required: bool = True) -> Path | None:
+    """The `vllm` CLI draftlab starts: $DRAFTLAB_VLLM, else the Makefile's .venv-vllm, else PATH's; None when
+    there is none and `required` is False (a command can still be written down)."""
     for cand in (os.environ.get(VLLM_ENV), repo_root() / ".venv-vllm" / "bin" / "vllm", shutil.which("vllm")):
         if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
             return Path(cand)
+    if not required:
+        return None
     raise DraftlabError(f"no vLLM environment: {repo_root() / '.venv-vllm'} is missing and no `vllm` is on PATH. "
                         f"Run `make vllm-env` (or `make run`, which makes it), or set {VLLM_ENV} to a `vllm` executable.")
 
@@ -165,7 +168,7 @@ class Server:
         self.verifier_dir, self.draft_dir, self.k, self.dtype = Path(verifier_dir), draft_dir, k, dtype
         self.port, self.startup_timeout = free_port(), startup_timeout
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="draftlab-vllm-", suffix=".log")[1])
-        cmd = [str(vllm_executable()), "serve", str(self.verifier_dir), "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [str(vllm_executable(required=False) or "vllm"), "serve", str(self.verifier_dir), "--host", "127.0.0.1", "--port", str(self.port),
                "--served-model-name", SERVED_NAME, "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed)]
         if not str(device).startswith("cuda"):
             cmd.append("--enforce-eager")
@@ -183,6 +186,7 @@ class Server:
         self.stop()
 
     def start(self) -> None:
+        vllm_executable()  # no vLLM environment: say so before anything starts
         t0 = time.perf_counter()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w") as log:
