@@ -148,3 +148,13 @@ def test_a_verifier_vllm_cannot_serve_leaves_the_rest_of_stage_05_running(tiny):
     left = [c for c in Path("/proc").glob("[0-9]*/cmdline") if str(tiny.path) in cmdline(c)]
     assert left == [], "the server that could not serve is stopped"
     assert served.report(tiny, [], [], got, {}, {}) == {} and served.for_metrics(got, {}) == {"available": False, "reason": got["reason"]}
+
+
+def test_a_tau_gap_over_ten_percent_warns_with_the_checks(tiny):
+    prompts = [{"id": "p0", "ids": [1, 2, 3]}, {"id": "p1", "ids": [4, 5]}]
+    run = {"aux_layers_logged": [2, 4, 5], "aux_layers_checkpoint": [2, 4, 5], "draft_vocab_size": 64}
+    fake = {"dtype": "float32", "runs": {"verifier alone": {"vllm_prompt_ids": [[1, 2, 3], [4, 9]]}, "eagle3": run}}
+    rows = [{"proposer": "eagle3", "draftlab tau": 2.0, "vLLM tau": 1.1, "relative difference": 1.1 / 2.0 - 1}]
+    with pytest.warns(served.ServedGapWarning, match=r"eagle3: vLLM tau 1.100 vs draftlab 2.000 \(-45%\); checks: .*1/2 prompts differ, first at token 1 of p1"):
+        assert served.warn_on_gaps(tiny, prompts, fake, rows) == ["eagle3"]
+    assert served.warn_on_gaps(tiny, prompts, fake, [{**rows[0], "vLLM tau": 1.9, "relative difference": -0.05}]) == []
