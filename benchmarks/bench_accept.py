@@ -4,6 +4,9 @@ Greedy, chain of k, the stage-01 eval split of one dataset; every proposer avail
 baseline always, EAGLE-3 / DFlash when stage 04 saved `data/runs/<dataset>/drafts/<kind>/final/`.
     python benchmarks/bench_accept.py --dataset smollm2-default --prompts 32 --k 5
     python benchmarks/bench_accept.py --dataset smollm2-gpu --device cuda --dtype bfloat16 --prompts 0
+Two datasets' drafts on one prompt set (issue 16's before / after ShareGPT): `--prompts-from` names the
+dataset whose split is measured, so both drafts meet the same prompts.
+    python benchmarks/bench_accept.py --dataset smollm2-gpu-nosharegpt --prompts-from smollm2-gpu --kinds eagle3
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,6 +28,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", default="smollm2-default")
     ap.add_argument("--prompts", type=int, default=32, help="prompts of the split; 0 for all")
+    ap.add_argument("--prompts-from", default=None, help="dataset whose prompts.jsonl gives the prompts (default: --dataset)")
+    ap.add_argument("--kinds", default="ngram,eagle3,dflash", help="proposers to measure, comma-separated")
+    ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--split", default="bench", help="bench (what numbers are quoted on) or eval (tuned on)")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -34,20 +41,25 @@ def main():
     if v.device.type == "cpu":
         torch.set_num_threads(1)  # latency-bound decode on a shared CPU; see notebook 05
     run_dir = config.data_dir() / "runs" / args.dataset
-    prompts = load_spec_prompts(run_dir, v.tokenizer, args.split, args.prompts or None)
-    proposers = {"ngram": NGramProposer(3)}
+    prompts_dir = config.data_dir() / "runs" / (args.prompts_from or args.dataset)
+    prompts = load_spec_prompts(prompts_dir, v.tokenizer, args.split, args.prompts or None)
+    kinds = args.kinds.split(",")
+    proposers = {"ngram": NGramProposer(3)} if "ngram" in kinds else {}
     for kind in ("eagle3", "dflash"):
         path = run_dir / "drafts" / kind / "final"
-        if (path / "config.json").exists():
+        if kind in kinds and (path / "config.json").exists():
             proposers[kind] = make_proposer(load_draft(path, v), v.vocab_size)
-    out = {"dataset": args.dataset, "split": args.split, "prompts": len(prompts), "k": args.k, "topology": "chain", "temperature": 0.0,
+    out = {"dataset": args.dataset, "prompts_from": args.prompts_from or args.dataset, "split": args.split, "prompts": len(prompts), "k": args.k, "topology": "chain", "temperature": 0.0,
            "max_new_tokens": args.max_new_tokens, "hardware": hardware(v.device), "results": {}}
     for name, prop in proposers.items():
         t0 = time.perf_counter()
         s = summarize(run_prompts(v, prop, prompts, args.k, args.max_new_tokens), args.k)
-        out["results"][name] = {src: {"tau": round(m["tau"], 3), "acceptance_rate": round(m["acceptance_rate"], 3)} for src, m in s.items()}
+        out["results"][name] = {src: {"tau": round(m["tau"], 3), "acceptance_rate": round(m["acceptance_rate"], 3),
+                                      "alpha_n": [None if a is None else round(a, 3) for a in m["alpha_n"]]} for src, m in s.items()}
         out["results"][name]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(out, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

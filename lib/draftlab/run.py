@@ -11,7 +11,7 @@ from pathlib import Path
 from unittest.mock import patch
 
 from draftlab import DraftlabError
-from draftlab.config import PROFILES, load_profile, notebooks_dir, outputs_dir
+from draftlab.config import PROFILES, check_parameters, load_profile, notebooks_dir, outputs_dir
 from draftlab.progress import HEADLESS_ENV
 
 
@@ -38,7 +38,7 @@ CELL_TIMEOUT_S = 1800
 
 
 def run(profile: str = "default", only=None, run_name: str | None = None, kernel: str = "python3",
-        cell_timeout: int = CELL_TIMEOUT_S) -> list[dict]:
+        cell_timeout: int = CELL_TIMEOUT_S, overrides: dict | None = None) -> list[dict]:
     import logging
 
     log = logging.getLogger("papermill")  # stream each cell's output to the console as it runs
@@ -46,6 +46,9 @@ def run(profile: str = "default", only=None, run_name: str | None = None, kernel
         log.addHandler(logging.StreamHandler(sys.stdout))
         log.setLevel(logging.INFO)
     params = load_profile(profile)
+    if overrides:
+        check_parameters(overrides, "--set")
+        params.update(overrides)
     run_name = run_name or profile
     out = outputs_dir() / run_name
     out.mkdir(parents=True, exist_ok=True)
@@ -108,6 +111,19 @@ def print_summary(summary: list[dict]) -> None:
         print(f"{r['notebook']:40s} {r['status']:8s} {r['seconds']:8.1f}")
 
 
+def parse_overrides(pairs: list[str]) -> dict:
+    """`KEY=VALUE` pairs from the command line, each VALUE read as YAML (so 0 is an int, null is None)."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise DraftlabError(f"--set {pair!r}: write KEY=VALUE, e.g. --set n_sharegpt=0")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="draftlab", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -116,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 01,03")
     r.add_argument("--run-name", default=None, help="outputs/<run-name>/ (default: the profile name)")
     r.add_argument("--kernel", default="python3")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override one profile parameter (YAML value), e.g. --set n_sharegpt=0 --set dataset_name=smollm2-gpu-nosg")
     r.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT_S, help="seconds one cell may run before the run fails")
     s = sub.add_parser("serve", help="serve the verifier with a trained draft through `vllm serve` (foreground, Ctrl-C stops it)")
     s.add_argument("--draft", required=True, help="a stage-04 final/ folder, e.g. data/runs/smollm2-default/drafts/eagle3/final")
@@ -131,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             from draftlab.verifier import resolve_verifier
 
             return serve_forever(resolve_verifier(args.verifier), args.draft, args.k, args.dtype, args.device, args.port)
-        run(args.profile, args.only.split(",") if args.only else None, args.run_name, args.kernel, args.cell_timeout)
+        run(args.profile, args.only.split(",") if args.only else None, args.run_name, args.kernel, args.cell_timeout,
+            parse_overrides(args.overrides))
     except (DraftlabError, NotebookFailed) as e:
         print(f"draftlab: {e}", file=sys.stderr)
         return 1
