@@ -17,6 +17,8 @@ points speculators at it; plain verifiers are used as they are.
 from __future__ import annotations
 
 import json
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,6 +165,20 @@ def verify(draft: Draft, saved_dtype: torch.dtype | None = None) -> None:
         check_mask(draft.attention, mask)
 
 
+@contextmanager
+def _shape_source(path: Path, v: Verifier):
+    """Where speculators reads the draft layer's shape from: the verifier's config, or a config-only copy of it
+    with the head_dim the verifier computes (hidden // heads) when its config has none (Qwen2, Phi-3, Qwen3-MoE):
+    speculators passes a missing head_dim on as None, which DFlash's Qwen3Config refuses."""
+    if getattr(v.config, "head_dim", None) is not None:
+        yield str(path)
+        return
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="draftlab-shape-") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps({**cfg, "head_dim": v.hidden_size // v.config.num_attention_heads}))
+        yield tmp
+
+
 def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, draft_vocab_size=None, num_layers=None,
                 attention=None, loss=None, block_size=None, mask_token_id=None, layer_config=None,
                 device="auto", dtype="auto", view_root=None) -> Draft:
@@ -213,7 +229,8 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
         choices["mask token"] = (f"{flat['mask_token_id']} {v.tokenizer.convert_ids_to_tokens(flat['mask_token_id'])!r}", why)
     cfg = _train_config(kind, path, **{k: val for k, val in flat.items() if val is not None})
     args = cfg.flatten()
-    tl = layer_config or create_transformer_layer_config(str(path), args["num_layers"], args["draft_arch"], args["draft_hidden_act"], args["sliding_window"], args["full_attention_indices"], args["draft_mrope_full_head_hack"])
+    with _shape_source(path, v) as src:
+        tl = layer_config or create_transformer_layer_config(src, args["num_layers"], args["draft_arch"], args["draft_hidden_act"], args["sliding_window"], args["full_attention_indices"], args["draft_mrope_full_head_hack"])
     tl = tl.__class__.from_dict(tl.to_dict())  # a copy: from_training_args mutates it
     tl._attn_implementation = impl
     cls = SpeculatorModel.registry[kind]
