@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftlab import DraftlabError, manifest
+from draftlab import DraftlabError, manifest, norms
 from draftlab import draft_checks as checks
 from draftlab.attention import attention_settings, check_mask, pick_attention, require_impl
 from draftlab.config import data_dir, pick_dtype
@@ -155,6 +155,10 @@ def verify(draft: Draft, saved_dtype: torch.dtype | None = None) -> None:
              "verifier_lm_head": (m.verifier_lm_head.weight, rows), "verifier_norm": (m.verifier_norm.weight, v.norm.weight)}
     cmp = saved_dtype or m.embed_tokens.weight.dtype
     bad = [n for n, (a, b) in pairs.items() if not torch.equal(a.to(cmp), b.to(a.device, cmp))]
+    if not bad and not norms.same_norm(m.verifier_norm, v.norm):
+        raise DraftlabError(f"the draft's verifier_norm ({type(m.verifier_norm).__name__}) holds verifier {v.path}'s weight but computes another "
+                            f"function than its final norm ({type(v.norm).__name__}, {norms.norm_gain(v.norm)}): its training targets would not "
+                            "be the verifier's logits. Load it through draftlab (build_draft, load_draft, checkpoint.reload), which matches them.")
     if bad:
         name = str(cmp).removeprefix("torch.")
         raise DraftlabError(f"the draft's frozen {bad} differ from verifier {v.path}'s (compared in {name}): the draft was made for "
@@ -198,6 +202,7 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
     v = verifier if isinstance(verifier, Verifier) else load_verifier(verifier, device, dtype)
     if getattr(v, "lm_head", None) is None:
         raise DraftlabError(f"verifier {v.path} has no lm_head; drafts copy the verifier's output projection: pass a *ForCausalLM checkpoint.")
+    norms.refuse_unsupported_norm(v)
     dev, dt = str(v.device), pick_dtype(dtype, str(v.device))
     name = str(dt).removeprefix("torch.")
     if dt != v.dtype:
@@ -235,6 +240,8 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
     tl._attn_implementation = impl
     cls = SpeculatorModel.registry[kind]
     model = cls.from_training_args(tl, t2d=t2d, d2t=d2t, **args).to(device=dev, dtype=dt)
+    swapped = norms.match_verifier_norm(model, v)
+    choices["verifier norm"] = (norms.norm_gain(v.norm), f"swapped for Gemma3RMSNorm: {swapped}" if swapped else "speculators' verifier_norm computes it")
     train_kwargs, _ = cls.get_trainer_kwargs(**args)
     draft = Draft(model, kind, v, cfg, train_kwargs, choices, build_args)
     verify(draft)
