@@ -115,10 +115,12 @@ def test_rms_norm_conventions_are_told_apart_and_a_layernorm_is_none():
 
     from draftlab.norms import norm_gain
 
-    plain, gemma = LlamaRMSNorm(16), Gemma3RMSNorm(16)
-    for n in (plain, gemma):
-        torch.nn.init.normal_(n.weight)
-    assert (norm_gain(plain), norm_gain(gemma), norm_gain(torch.nn.LayerNorm(16))) == ("x*w", "x*(1+w)", None)
+    for dtype in (torch.float32, torch.bfloat16):
+        plain, gemma = LlamaRMSNorm(16).to(dtype), Gemma3RMSNorm(16).to(dtype)
+        for n in (plain, gemma):
+            torch.nn.init.normal_(n.weight)
+        got = (norm_gain(plain), norm_gain(gemma), norm_gain(torch.nn.LayerNorm(16).to(dtype)))
+        assert got == ("x*w", "x*(1+w)", None), dtype
 
 
 def test_a_gemma_eagle3_draft_gets_the_gemma_norm_and_without_it_is_refused(home, family_root, tmp_path):
