@@ -17,8 +17,6 @@ points speculators at it; plain verifiers are used as they are.
 from __future__ import annotations
 
 import json
-import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,10 +153,8 @@ def verify(draft: Draft, saved_dtype: torch.dtype | None = None) -> None:
              "verifier_lm_head": (m.verifier_lm_head.weight, rows), "verifier_norm": (m.verifier_norm.weight, v.norm.weight)}
     cmp = saved_dtype or m.embed_tokens.weight.dtype
     bad = [n for n, (a, b) in pairs.items() if not torch.equal(a.to(cmp), b.to(a.device, cmp))]
-    if not bad and not norms.same_norm(m.verifier_norm, v.norm):
-        raise DraftlabError(f"the draft's verifier_norm ({type(m.verifier_norm).__name__}) holds verifier {v.path}'s weight but computes another "
-                            f"function than its final norm ({type(v.norm).__name__}, {norms.norm_gain(v.norm)}): its training targets would not "
-                            "be the verifier's logits. Load it through draftlab (build_draft, load_draft, checkpoint.reload), which matches them.")
+    if not bad:
+        norms.check_verifier_norm(m, v)
     if bad:
         name = str(cmp).removeprefix("torch.")
         raise DraftlabError(f"the draft's frozen {bad} differ from verifier {v.path}'s (compared in {name}): the draft was made for "
@@ -167,20 +163,6 @@ def verify(draft: Draft, saved_dtype: torch.dtype | None = None) -> None:
     if draft.attention != "simple_flex_attention" or str(v.device).startswith("cuda"):
         mask = m._create_mask_fn(lambda b, h, q, kv: q >= kv, B=None, H=None, Q_LEN=128, KV_LEN=128, device=v.device)
         check_mask(draft.attention, mask)
-
-
-@contextmanager
-def _shape_source(path: Path, v: Verifier):
-    """Where speculators reads the draft layer's shape from: the verifier's config, or a config-only copy of it
-    with the head_dim the verifier computes (hidden // heads) when its config has none (Qwen2, Phi-3, Qwen3-MoE):
-    speculators passes a missing head_dim on as None, which DFlash's Qwen3Config refuses."""
-    if getattr(v.config, "head_dim", None) is not None:
-        yield str(path)
-        return
-    cfg = json.loads((Path(path) / "config.json").read_text())
-    with tempfile.TemporaryDirectory(prefix="draftlab-shape-") as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps({**cfg, "head_dim": v.hidden_size // v.config.num_attention_heads}))
-        yield tmp
 
 
 def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, draft_vocab_size=None, num_layers=None,
@@ -234,7 +216,7 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
         choices["mask token"] = (f"{flat['mask_token_id']} {v.tokenizer.convert_ids_to_tokens(flat['mask_token_id'])!r}", why)
     cfg = _train_config(kind, path, **{k: val for k, val in flat.items() if val is not None})
     args = cfg.flatten()
-    with _shape_source(path, v) as src:
+    with checks.shape_source(path, v) as src:
         tl = layer_config or create_transformer_layer_config(src, args["num_layers"], args["draft_arch"], args["draft_hidden_act"], args["sliding_window"], args["full_attention_indices"], args["draft_mrope_full_head_hack"])
     tl = tl.__class__.from_dict(tl.to_dict())  # a copy: from_training_args mutates it
     tl._attn_implementation = impl

@@ -74,3 +74,12 @@ def same_norm(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     x, _ = _rms_probe(a)
     ya, yb = a(x).float(), b(x.to(b.weight.device, b.weight.dtype)).float().to(x.device)
     return torch.allclose(ya, yb, **_tol(x.dtype))
+
+
+def check_verifier_norm(model: torch.nn.Module, v) -> None:
+    """Refuse a draft whose frozen verifier_norm holds the verifier's weight but computes another function."""
+    if not same_norm(model.verifier_norm, v.norm):
+        raise DraftlabError(f"the draft's verifier_norm ({type(model.verifier_norm).__name__}) holds verifier {v.path}'s weight but computes "
+                            f"another function than its final norm ({type(v.norm).__name__}, {norm_gain(v.norm)}): its training targets "
+                            "would not be the verifier's logits. Load it through draftlab (build_draft, load_draft, checkpoint.reload), "
+                            "which matches them.")
