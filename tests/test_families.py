@@ -36,10 +36,15 @@ def _results() -> dict:
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     """DRAFTLAB_HOME in a temporary folder: the runs, the nested verifiers' views and the digest cache go there."""
-    root = tmp_path_factory.mktemp("families_home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DRAFTLAB_HOME", str(root))
-        yield root
+    root, before = tmp_path_factory.mktemp("families_home"), os.environ.get("DRAFTLAB_HOME")
+    os.environ["DRAFTLAB_HOME"] = str(root)
+    yield root
+    # Not a MonkeyPatch: datasets' map(num_proc=...) (speculators' preprocessing) swaps os.environ for a copy, and a
+    # MonkeyPatch would undo on the old object, leaving DRAFTLAB_HOME set for every later test module.
+    if before is None:
+        os.environ.pop("DRAFTLAB_HOME", None)
+    else:
+        os.environ["DRAFTLAB_HOME"] = before
 
 
 @pytest.fixture(scope="session")
