@@ -145,3 +145,13 @@ def test_layer_ids_out_of_range_or_repeated_name_the_range():
         default_layer_ids(4)  # [2, 2, 1]: too shallow for the EAGLE-3 default
     assert default_layer_ids(30) == [2, 15, 27]
     assert default_layer_ids(30, "dflash") == [1, 8, 14, 21, 28]
+
+
+def test_a_layer_output_that_is_no_hidden_state_is_refused_naming_it(tiny):
+    """A family whose decoder layer returns something else than the residual stream (here a dict) is refused, never read."""
+    handle = tiny.layers[-1].register_forward_hook(lambda _m, _i, out: {"hidden": out})
+    try:
+        with pytest.raises(DraftlabError, match=r"the output of decoder layer 7 is a dict, not a \[batch, tokens, 32\] hidden state"):
+            hidden_states(tiny, [[5, 6, 7]], [2, 4])
+    finally:
+        handle.remove()

@@ -158,3 +158,15 @@ def test_a_tau_gap_over_ten_percent_warns_with_the_checks(tiny):
     with pytest.warns(served.ServedGapWarning, match=r"eagle3: vLLM tau 1.100 vs draftlab 2.000 \(-45%\); checks: .*1/2 prompts differ, first at token 1 of p1"):
         assert served.warn_on_gaps(tiny, prompts, fake, rows) == ["eagle3"]
     assert served.warn_on_gaps(tiny, prompts, fake, [{**rows[0], "vLLM tau": 1.9, "relative difference": -0.05}]) == []
+
+
+def test_the_reason_given_is_vllms_root_cause_not_the_engines_wrapper(tiny_dir, tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text("(Worker pid=1) ERROR [multiproc_executor.py:953] RuntimeError: Model does not support EAGLE3 interface but "
+                   "aux_hidden_state_outputs was requested\n(EngineCore pid=2) ERROR [core.py:1510] Exception: WorkerProc "
+                   "initialization failed due to an exception in a background process. See stack trace for root cause.\n"
+                   "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    s = Server(tiny_dir, log_path=log)
+    assert s.cause() == "RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested"
+    log.write_text("RuntimeError: Engine core initialization failed. See root cause above.\n")
+    assert s.cause().startswith("RuntimeError: Engine core initialization failed"), "with nothing else logged, the wrapper"

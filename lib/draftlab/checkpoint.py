@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from draftlab import DraftlabError
+from draftlab import DraftlabError, norms
 from draftlab.draft_checks import inference
 
 if TYPE_CHECKING:
@@ -137,6 +137,7 @@ def reload(path: Path, like: Draft) -> Draft:
     from draftlab.draft import Draft, verify
 
     model = load_model(path, type(like.model), like.attention, like.verifier.device, like.dtype)
+    norms.match_verifier_norm(model, like.verifier)
     draft = Draft(model, like.kind, like.verifier, like.train_config, like.train_kwargs, dict(like.choices))
     verify(draft)
     return draft

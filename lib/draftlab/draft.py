@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftlab import DraftlabError, manifest
+from draftlab import DraftlabError, manifest, norms
 from draftlab import draft_checks as checks
 from draftlab.attention import attention_settings, check_mask, pick_attention, require_impl
 from draftlab.config import data_dir, pick_dtype
@@ -153,6 +153,8 @@ def verify(draft: Draft, saved_dtype: torch.dtype | None = None) -> None:
              "verifier_lm_head": (m.verifier_lm_head.weight, rows), "verifier_norm": (m.verifier_norm.weight, v.norm.weight)}
     cmp = saved_dtype or m.embed_tokens.weight.dtype
     bad = [n for n, (a, b) in pairs.items() if not torch.equal(a.to(cmp), b.to(a.device, cmp))]
+    if not bad:
+        norms.check_verifier_norm(m, v)
     if bad:
         name = str(cmp).removeprefix("torch.")
         raise DraftlabError(f"the draft's frozen {bad} differ from verifier {v.path}'s (compared in {name}): the draft was made for "
@@ -182,6 +184,7 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
     v = verifier if isinstance(verifier, Verifier) else load_verifier(verifier, device, dtype)
     if getattr(v, "lm_head", None) is None:
         raise DraftlabError(f"verifier {v.path} has no lm_head; drafts copy the verifier's output projection: pass a *ForCausalLM checkpoint.")
+    norms.refuse_unsupported_norm(v)
     dev, dt = str(v.device), pick_dtype(dtype, str(v.device))
     name = str(dt).removeprefix("torch.")
     if dt != v.dtype:
@@ -213,11 +216,14 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
         choices["mask token"] = (f"{flat['mask_token_id']} {v.tokenizer.convert_ids_to_tokens(flat['mask_token_id'])!r}", why)
     cfg = _train_config(kind, path, **{k: val for k, val in flat.items() if val is not None})
     args = cfg.flatten()
-    tl = layer_config or create_transformer_layer_config(str(path), args["num_layers"], args["draft_arch"], args["draft_hidden_act"], args["sliding_window"], args["full_attention_indices"], args["draft_mrope_full_head_hack"])
+    with checks.shape_source(path, v) as src:
+        tl = layer_config or create_transformer_layer_config(src, args["num_layers"], args["draft_arch"], args["draft_hidden_act"], args["sliding_window"], args["full_attention_indices"], args["draft_mrope_full_head_hack"])
     tl = tl.__class__.from_dict(tl.to_dict())  # a copy: from_training_args mutates it
     tl._attn_implementation = impl
     cls = SpeculatorModel.registry[kind]
     model = cls.from_training_args(tl, t2d=t2d, d2t=d2t, **args).to(device=dev, dtype=dt)
+    swapped = norms.match_verifier_norm(model, v)
+    choices["verifier norm"] = (norms.norm_gain(v.norm), f"swapped for Gemma3RMSNorm: {swapped}" if swapped else "speculators' verifier_norm computes it")
     train_kwargs, _ = cls.get_trainer_kwargs(**args)
     draft = Draft(model, kind, v, cfg, train_kwargs, choices, build_args)
     verify(draft)

@@ -7,8 +7,11 @@ around were seen on the lent H200 and cannot be reproduced here.
 
 from __future__ import annotations
 
+import json
+import tempfile
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE as FLEX_BLOCK
@@ -204,3 +207,17 @@ def used_ids(folder) -> set[int]:
     from datasets import load_from_disk
 
     return {int(t) for row in load_from_disk(str(folder)).with_format(None)["input_ids"] for t in row}
+
+
+@contextmanager
+def shape_source(path, v):
+    """Where speculators reads the draft layer's shape from: the verifier's config, or a config-only copy of it
+    with the head_dim the verifier computes (hidden // heads) when its config has none (Qwen2, Phi-3, Qwen3-MoE):
+    speculators passes a missing head_dim on as None, which DFlash's Qwen3Config refuses."""
+    if getattr(v.config, "head_dim", None) is not None:
+        yield str(path)
+        return
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="draftlab-shape-") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps({**cfg, "head_dim": v.hidden_size // v.config.num_attention_heads}))
+        yield tmp

@@ -1,8 +1,8 @@
 """Hidden-state extraction through forward hooks, written as speculators' training data.
 
 Layer ids follow vLLM's numbering, which is what the draft will be fed when served: id `i` is the
-residual stream *entering* decoder layer `i` (the pre-norm output of layer `i-1`; id 0 is the
-embedding output). The last slot is always id `L`, the last layer's pre-norm output, which
+residual stream *entering* decoder layer `i` (the pre-norm output of layer `i-1`; id 0 is what
+enters the first layer: the embedding output, with any scaling or positions the family adds). The last slot is always id `L`, the last layer's pre-norm output, which
 speculators turns into verifier logits with the verifier's own norm and lm_head. Each sample
 becomes `hidden_states/hs_{i}.safetensors` with `token_ids [T]` and `hidden_states [T, n_aux+1, H]`.
 """
@@ -50,21 +50,42 @@ def validate_layer_ids(ids, num_layers: int, default: bool = False) -> list[int]
     return sorted(ids)
 
 
+def _tensor(what, value, verifier):
+    """The [B, T, H] hidden state in a decoder layer's input or output, or a refusal naming what was found."""
+    found = value[0] if isinstance(value, (tuple, list)) and value else value
+    if not torch.is_tensor(found) or found.dim() != 3 or found.shape[-1] != verifier.hidden_size:
+        desc = f"a {type(value).__name__}" + (f" whose first item is a {type(found).__name__}" if found is not value else "")
+        shape = f" of shape {tuple(found.shape)}" if torch.is_tensor(found) else ""
+        raise DraftlabError(
+            f"{type(verifier.model).__name__}: {what} is {desc}{shape}, not a [batch, tokens, {verifier.hidden_size}] "
+            "hidden state; draftlab cannot read this family's layers (extraction would store another tensor than the "
+            "residual stream)."
+        )
+    return found
+
+
 @contextmanager
 def capture(verifier, layer_ids: list[int]):
-    """Forward hooks filling {layer id: tensor} for the aux ids plus the final id L."""
-    store: dict[int, torch.Tensor] = {}
+    """Hooks filling {layer id: tensor} for the aux ids plus the final id L.
 
-    def keep(i):
-        def hook(_module, _inputs, out):
-            store[i] = out[0] if isinstance(out, tuple) else out
+    Id i < L is read where it is defined, as the hidden state *entering* decoder layer i (a forward
+    pre-hook): so id 0 is what the model feeds its first layer, with whatever it adds after the
+    embedding module (Gemma's scaling, GPT-2's learned positions). Id L is the last layer's output."""
+    store: dict[int, torch.Tensor] = {}
+    n = verifier.num_layers
+
+    def entering(i):
+        def hook(_module, args, kwargs):
+            value = args[0] if args else kwargs.get("hidden_states")
+            store[i] = _tensor(f"the input of decoder layer {i}", value, verifier)
 
         return hook
 
-    handles = []
-    for i in [*layer_ids, verifier.num_layers]:
-        module = verifier.embed if i == 0 else verifier.layers[i - 1]
-        handles.append(module.register_forward_hook(keep(i)))
+    def leaving(_module, _inputs, out):
+        store[n] = _tensor(f"the output of decoder layer {n - 1}", out, verifier)
+
+    handles = [verifier.layers[i].register_forward_pre_hook(entering(i), with_kwargs=True) for i in layer_ids if i < n]
+    handles.append(verifier.layers[n - 1].register_forward_hook(leaving))
     try:
         yield store
     finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from draftlab import DraftlabError
+from draftlab import DraftlabError, norms
 
 
 @dataclass
@@ -217,6 +217,7 @@ def load_draft(path, verifier):
     cls = SpeculatorModel.registry[kind]
     attention = "eager" if str(verifier.device) == "mps" else "sdpa"
     model = load_model(path, cls, attention, verifier.device, verifier.dtype).eval()
+    norms.match_verifier_norm(model, verifier)
     if model.config.transformer_layer_config.hidden_size != verifier.hidden_size:
         raise DraftlabError(f"draft {path} has hidden size {model.config.transformer_layer_config.hidden_size}, the verifier {verifier.hidden_size}: it was trained for another verifier.")
     flat = {"loss_implementation": "eager", "target_layer_ids": model.target_layer_ids if kind == "eagle3" else None,

@@ -229,9 +229,11 @@ class Server:
         return "\n".join(lines[-n:])
 
     def cause(self) -> str:
-        """The last exception vLLM logged (`SomeError: ...`, with pydantic's detail line), the best short reason."""
+        """The last exception vLLM logged (`SomeError: ...`, with pydantic's detail line), the best short reason; the
+        engine's wrappers ("Engine core initialization failed. See root cause above.") give way to that root cause."""
         lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
         hits = [i for i, ln in enumerate(lines) if re.search(r"(?:^|[\s.\]])\w+(?:Error|Exception): \S", ln)]
+        hits = [i for i in hits if not re.search(r"See (?:root cause|stack trace)", lines[i])] or hits
         if not hits:
             return "no exception in its log"
         i = hits[-1]

@@ -1,0 +1,84 @@
+"""README's verifier-family matrix, rendered from what tests/test_families.py measured.
+
+    python benchmarks/family_table.py            # print the table of the last run (outputs/families/results.json)
+    python benchmarks/family_table.py --write    # and put it into README.md between the families markers
+
+The test writes the results of every run and fails when README's block differs from them. A cell the run
+did not produce (the vLLM cell of a family `make test` does not serve: a server costs about a minute here)
+keeps README's value, which a run with DRAFTLAB_FAMILIES_VLLM=all re-checks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "outputs" / "families" / "results.json"
+README = ROOT / "README.md"
+START, END = "<!-- families:start -->", "<!-- families:end -->"
+CELLS = ("extraction", "draft", "train", "loop", "vLLM")
+NOT_RUN = "not run"
+
+
+def block(text: str) -> str:
+    """What README holds between the markers (stripped)."""
+    if START not in text or END not in text:
+        raise SystemExit(f"README.md has no {START} ... {END} block")
+    return text.split(START, 1)[1].split(END, 1)[0].strip()
+
+
+def readme_cells(text: str) -> dict[str, dict[str, str]]:
+    """{family label: {cell: text}} from README's table."""
+    out = {}
+    for line in block(text).splitlines():
+        parts = [p.strip() for p in line.strip().strip("|").split("|")]
+        if len(parts) == len(CELLS) + 1 and parts[0] not in ("family", "---"):
+            out[parts[0]] = dict(zip(CELLS, parts[1:], strict=True))
+    return out
+
+
+def render(results: dict, previous: dict[str, dict[str, str]] | None = None) -> str:
+    """The markdown block: one row per family in the run's order; a cell the run left as None comes from `previous`."""
+    previous = previous or {}
+    lines = ["| family | " + " | ".join(CELLS) + " |", "| --- |" + " --- |" * len(CELLS)]
+    for fam in results["families"]:
+        cells = {c: fam["cells"].get(c) or previous.get(fam["label"], {}).get(c) or NOT_RUN for c in CELLS}
+        lines.append(f"| {fam['label']} | " + " | ".join(cells[c].replace("|", "/") for c in CELLS) + " |")
+    served = [f["label"] for f in results["families"] if f.get("served_in_make_test")]
+    note = (f"Tiny random verifiers (7 layers, hidden 64, fp32, CPU) built from transformers' config classes; each cell is "
+            "a test in `tests/test_families.py`. vLLM: the verifier served with an EAGLE-3 draft; `make test` serves "
+            f"{', '.join(served) or 'none'}, the other vLLM cells are from the last run with `DRAFTLAB_FAMILIES_VLLM=all`.")
+    lines += ["", note]
+    return "\n".join(lines)
+
+
+def write(results: dict, readme: Path = README) -> bool:
+    """Put the rendered block into README; True when it changed. Refuses a run with failures."""
+    if not results.get("complete"):
+        raise SystemExit("the run did not cover every family (pytest -k?), not writing README: run the whole tests/test_families.py")
+    failed = [(f["label"], c) for f in results["families"] for c, v in f["cells"].items() if v and v.startswith("FAILED")]
+    if failed:
+        raise SystemExit(f"the run has failures, not writing README: {failed}")
+    text = readme.read_text()
+    head, rest = text.split(START, 1)
+    new = f"{head}{START}\n{render(results, readme_cells(text))}\n{END}{rest.split(END, 1)[1]}"
+    readme.write_text(new)
+    return new != text
+
+
+def main(argv: list[str]) -> int:
+    if not RESULTS.exists():
+        print(f"no {RESULTS}: run `pytest tests/test_families.py` first", file=sys.stderr)
+        return 1
+    results = json.loads(RESULTS.read_text())
+    if "--write" in argv:
+        print("README.md updated" if write(results) else "README.md already up to date")
+    else:
+        print(render(results, readme_cells(README.read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
