@@ -43,9 +43,11 @@ class Engine:
         self.dtype = dtype_name(verifier.dtype) if gen_dtype == "auto" else gen_dtype
         self.name, self.reason = engine, None
         if engine == "auto":
-            from draftlab.serve import unavailable
+            from draftlab.serve import unavailable, vllm_version
 
             why = unavailable()
+            if not why and verifier.device.type == "cuda" and (vllm_version() or "").endswith("+cpu"):
+                why = f"the vLLM environment is a CPU build ({vllm_version()}) and the verifier is on {verifier.device}"
             self.name = "hf" if why else "vllm"
             if why:
                 self.reason = f"vLLM is unavailable: {why}"

