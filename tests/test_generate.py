@@ -36,7 +36,13 @@ def vllm_engine(serve_verifier, tmp_path_factory):
 def requests_sent(monkeypatch):
     sent = []
     orig = generate_vllm.answer
-    monkeypatch.setattr(generate_vllm, "answer", lambda server, ids, *a: sent.append(ids) or orig(server, ids, *a))
+
+    def counted(server, ids, max_new_tokens, *a):
+        if max_new_tokens > 1:  # the one-token probe of a fresh server aside
+            sent.append(ids)
+        return orig(server, ids, max_new_tokens, *a)
+
+    monkeypatch.setattr(generate_vllm, "answer", counted)
     return sent
 
 
