@@ -20,8 +20,10 @@ prompt set (all splits), at the profile's gen_batch_size (hf: rows per batch; vl
 
     python benchmarks/bench_generate.py --engines hf:float32 vllm:float32 vllm:bfloat16 --prompts 240 --max-new-tokens 96
 
-One row per engine: new tokens, generation seconds (the vLLM server's start-up apart), tokens/s, and
-how many answers are the same text as the first engine's.
+One row per engine: new tokens, generation seconds (the vLLM server's start-up apart), tokens/s, how
+many answers are the same text as the first engine's, and how on-policy the text is for the fp32
+verifier that writes the hidden states: the share of answer tokens (as stage 01 tokenises them for
+training) that are its own greedy choice, teacher-forced.
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ def compare_engines(args) -> None:
     batch = args.batch[0] if args.batch else prof["gen_batch_size"]
     print(f"{len(ps)} prompts of the {args.profile} profile, {args.new} new tokens, {'T=' + str(args.sample) if args.sample else 'greedy'}, "
           f"batch / requests in flight {batch}, torch threads {torch.get_num_threads()}")
-    print("| engine | answers dtype | new tokens | generation (s) | tokens / s | server start-up (s) | answers identical to the first row |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| engine | answers dtype | new tokens | generation (s) | tokens / s | server start-up (s) | answers identical to the first row | "
+          "answer tokens = fp32 verifier's greedy choice |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     first = None
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
         for spec in args.engines:
@@ -111,7 +114,26 @@ def compare_engines(args) -> None:
             first = first or got
             same = sum(got[p.id] == first[p.id] for p in ps)
             print(f"| {s['engine']} | {s['answers dtype']} | {s['new tokens']} | {s['generation s']:.1f} | {s['tokens/s']:.0f} | "
-                  f"{s['server start-up s']:.1f} | {same}/{len(ps)} |", flush=True)
+                  f"{s['server start-up s']:.1f} | {same}/{len(ps)} | {on_policy(v, ps, got):.2%} |", flush=True)
+
+
+@torch.no_grad()
+def on_policy(v, ps, answers: dict[str, str]) -> float:
+    """Share of the answers' tokens (as stage 01 tokenises them for training, the template's end of turn left out) that are
+    the verifier's argmax in context, teacher-forced."""
+    from draftlab.dataset import tokenize_conversation
+
+    hit = total = 0
+    for p in ps:
+        ids, mask = tokenize_conversation(v.tokenizer, p.text, answers[p.id])
+        closing = sum(tokenize_conversation(v.tokenizer, p.text, "")[1])  # the template's end of turn: not the answer's text
+        x = torch.tensor([ids], device=v.device)
+        pred = v.model(input_ids=x).logits[0, :-1].argmax(-1)
+        sup = torch.tensor(mask[1:], device=v.device).bool()
+        sup[len(sup) - closing :] = False
+        hit += int((pred == x[0, 1:])[sup].sum())
+        total += int(sup.sum())
+    return hit / total
 
 
 if __name__ == "__main__":
