@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -131,6 +133,8 @@ def test_generation_resumes_and_refuses_other_settings(tiny, tmp_path):
         tiny.model.generate = orig
     assert sum(calls) == len(ps) - 3, "only the missing prompts are regenerated"
     assert again == full  # greedy: the same answers
+    ids = [json.loads(line)["id"] for line in path.read_text().splitlines()]  # the cut line is gone, not glued to the next answer
+    assert sorted(ids) == sorted(p.id for p in ps) and generate_responses(tiny, ps, path, max_new_tokens=6) == full
     with pytest.raises(DraftlabError, match="max_new_tokens"):
         generate_responses(tiny, ps, path, max_new_tokens=7)
 

@@ -7,39 +7,13 @@ import subprocess
 import time
 
 import pytest
-import torch
 
 from draftlab import DraftlabError, served
 from draftlab.serve import Server, group_members, unavailable, vllm_executable
 
-from conftest import make_tokenizer
-
 PROMPTS = ["hello how are you today", "def add(a, b): return a + b"]
 K, N_NEW = 3, 16
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def serve_dir(tmp_path_factory):
-    """A verifier vLLM's CPU attention takes (head_dim 32; the shared tiny one has 8)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("serve_verifier")
-    tok = make_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
-    LlamaForCausalLM(cfg).eval().save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def serve_verifier(serve_dir):
-    from draftlab.verifier import load_verifier
-
-    return load_verifier(serve_dir, device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
 import yaml
 
 from draftlab import DraftlabError
-from draftlab.progress import progress_bar
+
+# The answers moved to draftlab.generate (issue 17); these names stay importable from here.
+from draftlab.generate import _chat_ids, generate_responses, length_batches, sample_responses  # noqa: F401
 
 CODE_TEMPLATE = "Complete the following Python function.\n\n```python\n{prompt}```"
 
@@ -178,109 +179,3 @@ def write_prompt_set(prompts: list[Prompt], path: Path) -> Path:
     tmp.write_text("".join(json.dumps(asdict(p)) + "\n" for p in prompts))
     tmp.replace(path)
     return path
-
-
-def _chat_ids(tok, text: str) -> list[int]:
-    return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False)
-
-
-def length_batches(lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
-    """Consecutive indices of length-sorted rows, cut at `batch_size` rows or when the padded size
-    (rows x longest) would pass `max_tokens`; a row longer than `max_tokens` goes alone."""
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i, n in enumerate(lengths):
-        if cur and (len(cur) == batch_size or (len(cur) + 1) * max(n, lengths[cur[-1]]) > max_tokens):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    return out + [cur] if cur else out
-
-
-@torch.no_grad()
-def generate_responses(
-    verifier,
-    prompts: list[Prompt],
-    path: Path,
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    batch_size: int = 8,
-    seed: int = 0,
-    batch_tokens: int | None = None,
-) -> dict[str, str]:
-    """Answers keyed by prompt id, appended to `path` batch by batch: an interrupted run resumes.
-    Batches hold prompts of similar length and, on CPU, at most `batch_tokens` padded prompt tokens
-    (default 64 per row of `batch_size`): there the prefill is compute-bound, so short prompts must not
-    pay for one long one. On a GPU a decode step costs about the same at any batch: fewer batches win."""
-    from draftlab.dataset import require_chat_template
-
-    tok = verifier.tokenizer
-    require_chat_template(tok, verifier.path)
-    settings = {"verifier": verifier.fingerprint, "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
-    path = Path(path)
-    done: dict[str, str] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by an interruption: regenerate that prompt
-            for key, want in settings.items():
-                if rec["settings"].get(key) != want:
-                    raise DraftlabError(
-                        f"{path} holds responses made with {key}={rec['settings'].get(key)!r}, not {want!r}. "
-                        "Use another dataset_name or delete that file to regenerate."
-                    )
-            done[rec["id"]] = rec["response"]
-    todo = [p for p in prompts if p.id not in done]
-    seqs = {p.id: _chat_ids(tok, p.text) for p in todo}
-    limit = getattr(verifier.config, "max_position_embeddings", None)
-    over = [p.id for p in todo if limit and len(seqs[p.id]) + max_new_tokens > limit]
-    if over:
-        import warnings
-
-        warnings.warn(f"{len(over)} prompt(s) (first {over[0]}) plus max_new_tokens={max_new_tokens} pass the verifier's position "
-                      f"limit ({limit}): their answers are not what it was trained to give. Lower max_prompt_chars or max_new_tokens.",
-                      stacklevel=2)
-    todo.sort(key=lambda p: len(seqs[p.id]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model = verifier.model
-    pad = tok.pad_token_id
-    torch.manual_seed(seed)
-    with path.open("a") as fh, progress_bar(total=len(todo), desc="Regenerating responses", unit="prompt") as bar:
-        cap = batch_tokens or (64 * batch_size if verifier.device.type == "cpu" else 1 << 40)
-        for rows in length_batches([len(seqs[p.id]) for p in todo], batch_size, cap):
-            batch = [todo[i] for i in rows]
-            padded = tok.pad({"input_ids": [seqs[p.id] for p in batch]}, padding_side="left", return_tensors="pt").to(verifier.device)
-            width = padded["input_ids"].shape[1]
-            out = model.generate(
-                **padded,
-                max_new_tokens=max_new_tokens,
-                do_sample=temperature > 0,
-                temperature=temperature if temperature > 0 else None,
-                top_p=None,
-                top_k=None,
-                pad_token_id=pad,
-            )
-            for p, row in zip(batch, out[:, width:], strict=True):
-                text = tok.decode(row, skip_special_tokens=True).strip()
-                done[p.id] = text
-                fh.write(json.dumps({"id": p.id, "prompt": asdict(p), "response": text, "settings": settings}) + "\n")
-            fh.flush()
-            bar.update(len(batch))
-    return {p.id: done[p.id] for p in prompts}
-
-
-def sample_responses(verifier, prompts: list[Prompt], run_dir: Path, n: int, temperature: float, max_new_tokens: int = 128,
-                     batch_size: int = 8, seed: int = 0) -> dict[str, list[str]]:
-    """`n` further answers per prompt, sampled at `temperature`: more training text for the price of
-    generation only (the targets are the verifier's logits, so sampled context is still exact signal).
-    One resumable file per sample, responses-sampled-<j>.jsonl."""
-    if n and temperature <= 0:
-        raise DraftlabError(f"extra_samples={n} needs sample_temperature > 0 (got {temperature}): greedy answers would repeat the first one.")
-    out: dict[str, list[str]] = {p.id: [] for p in prompts}
-    for j in range(n):
-        got = generate_responses(verifier, prompts, Path(run_dir) / f"responses-sampled-{j}.jsonl", max_new_tokens, temperature, batch_size, seed + 1 + j)
-        for pid, text in got.items():
-            out[pid].append(text)
-    return out

