@@ -5,7 +5,7 @@
 
 The test writes the results of every run and fails when README's block differs from them. A cell the run
 did not produce (the vLLM cell of a family `make test` does not serve: a server costs about a minute here)
-keeps README's value, which a run with DRAFTLAB_FAMILIES_VLLM=all re-checks.
+keeps README's value (a run with DRAFTLAB_FAMILIES_VLLM=one leaves most vLLM cells unmeasured).
 """
 
 from __future__ import annotations
@@ -47,9 +47,11 @@ def render(results: dict, previous: dict[str, dict[str, str]] | None = None) -> 
         cells = {c: fam["cells"].get(c) or previous.get(fam["label"], {}).get(c) or NOT_RUN for c in CELLS}
         lines.append(f"| {fam['label']} | " + " | ".join(cells[c].replace("|", "/") for c in CELLS) + " |")
     served = [f["label"] for f in results["families"] if f.get("served_in_make_test")]
-    note = (f"Tiny random verifiers (7 layers, hidden 64, fp32, CPU) built from transformers' config classes; each cell is "
-            "a test in `tests/test_families.py`. vLLM: the verifier served with an EAGLE-3 draft; `make test` serves "
-            f"{', '.join(served) or 'none'}, the other vLLM cells are from the last run with `DRAFTLAB_FAMILIES_VLLM=all`.")
+    which = ("every family (`DRAFTLAB_FAMILIES_VLLM=one` serves only Qwen3, for a quicker local run)"
+             if len(served) == len(results["families"]) else
+             f"{', '.join(served) or 'none'}, the other vLLM cells are from the last run with `DRAFTLAB_FAMILIES_VLLM=all`")
+    note = ("Tiny random verifiers (7 layers, hidden 64, fp32, CPU) built from transformers' config classes; each cell is "
+            f"a test in `tests/test_families.py`. vLLM: the verifier served with an EAGLE-3 draft; `make test` serves {which}.")
     lines += ["", note]
     return "\n".join(lines)
 
