@@ -8,6 +8,8 @@ and stops; `draftlab.generate_vllm`), or "auto": vllm where the vLLM environment
 
 from __future__ import annotations
 
+from typing import Self
+
 from draftlab import DraftlabError
 
 ENGINES = ("auto", "hf", "vllm")
@@ -55,7 +57,7 @@ class Engine:
         self.server, self._hf = None, None
         self.stats = {"prompts generated": 0, "prompts resumed": 0, "new tokens": 0, "generation s": 0.0, "server start-up s": 0.0}
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
