@@ -16,8 +16,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from draftlab import config
 from draftlab.accept_eval import hardware, load_spec_prompts, run_prompts, summarize
 from draftlab.proposers import NGramProposer, load_draft, make_proposer
@@ -38,8 +36,6 @@ def main():
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
     v = load_verifier("smollm2", device=args.device, dtype=args.dtype)
-    if v.device.type == "cpu":
-        torch.set_num_threads(1)  # latency-bound decode on a shared CPU; see notebook 05
     run_dir = config.data_dir() / "runs" / args.dataset
     prompts_dir = config.data_dir() / "runs" / (args.prompts_from or args.dataset)
     prompts = load_spec_prompts(prompts_dir, v.tokenizer, args.split, args.prompts or None)

@@ -15,6 +15,8 @@
 # or, instead of `run`, issue 16's before / after ShareGPT comparison (two pipelines 01,04 at once,
 # then both EAGLE-3 drafts on the same bench prompts):
 #   carry [".whl"]:                   bash benchmarks/gpu_pipeline.sh sharegpt   (again while "still running")
+# or issue 17's curve (the default profile's fp32 recipe at 1, 2, 4, 8, 16 times its prompt pool, at once):
+#   carry [".whl"]:                   bash benchmarks/gpu_pipeline.sh curve      (again while "still running")
 # Measured there (the gpu profile, 2026-11-30): 01-03 in 247 s, 04 in 257 s; 05 took 222 s with three sampled answers. A call waits at most WAIT_S
 # (540) seconds; a longer run goes on in the background.
 # Figures, summaries and training metrics come back as $OUT/gpu-<notebooks>.tar.gz, the log as
@@ -101,6 +103,59 @@ sharegpt-job)
       --prompts "${BENCH_PROMPTS:-36}" --max-new-tokens "${BENCH_TOKENS:-96}" --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" \
       --out "/tmp/bench-$d.json"
   done ;;
+curve)
+  # Issue 17's curve: the `default` profile's recipe (fp32, the CPU's settings) at SCALES times its
+  # prompt pool, training steps scaled alike (the same epochs), every point at once on the GPU, then
+  # every point's drafts on one bench prompt set (the largest point's). Figure and table come back.
+  out="${OUT:-/tmp/out}"; mkdir -p "$out"; log=/tmp/draftlab-curve.log
+  install_once
+  if [ ! -f "$log" ]; then
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; nproc
+    setsid nohup bash -c "bash $0 curve-job > $log 2>&1; echo \$? > $log.rc" < /dev/null > /dev/null 2>&1 &
+  fi
+  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  cp "$log" "$out/"
+  if [ ! -f "$log.rc" ]; then
+    for f in /tmp/curve-*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 400 "$f"; echo; }; done
+    echo "still running: call 'curve' again within 30 s to wait on it"; exit 3
+  fi
+  # shellcheck disable=SC2046
+  tar czf "$out/curve.tar.gz" outputs/curve /tmp/bench-smollm2-curve-*.json /tmp/curve-*.log \
+    $(ls data/runs/smollm2-curve-*/drafts/*/metrics.jsonl outputs/curve-*/01/summary.json 2>/dev/null) || true
+  tail -n 30 "$log"
+  exit "$(cat "$log.rc")" ;;
+curve-job)
+  install_once
+  set -x
+  py="${PY:-python3}"; scales="${SCALES:-1 2 4 8 16}"; top="${scales##* }"
+  $py -c 'from draftlab.verifier import fingerprint, resolve_verifier; fingerprint(resolve_verifier("smollm2"))'
+  pids=()
+  for s in $scales; do
+    sg=$(( ${BASE_SHAREGPT:-160} * s )); ch=$(( ${BASE_CHAT:-40} * s )); co=$(( ${BASE_CODE:-40} * s ))
+    [ "$ch" -gt 740 ] && ch=740; [ "$co" -gt 164 ] && co=164
+    st=$(( ${BASE_STEPS:-300} * s )); ev=$(( st / 3 ))
+    $py -m draftlab run --profile "${PROFILE:-default}" --only 01,04 --run-name "curve-$s" --set dataset_name="smollm2-curve-$s" \
+      --set device="${DEVICE:-cuda}" --set dtype=float32 --set n_sharegpt="$sg" --set n_chat="$ch" --set n_code="$co" \
+      --set train_steps="$st" --set eval_every="$ev" --set checkpoint_every="$ev" > "/tmp/curve-$s.log" 2>&1 & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || { echo "a curve point failed"; exit 1; }; done
+  pids=()
+  for s in $scales; do
+    $py benchmarks/bench_accept.py --dataset "smollm2-curve-$s" --prompts-from "smollm2-curve-$top" \
+      --kinds "$([ "$s" = "$top" ] && echo ngram,)eagle3,dflash" --prompts "${BENCH_PROMPTS:-48}" --max-new-tokens "${BENCH_TOKENS:-64}" \
+      --device "${DEVICE:-cuda}" --dtype float32 --out "/tmp/bench-smollm2-curve-$s.json" > "/tmp/curve-bench-$s.log" 2>&1 & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || { echo "a bench run failed"; exit 1; }; done
+  # the n-gram baseline learns nothing: measured once, on the shared prompts, and shown on every row
+  $py - "$top" $scales <<'PY'
+import json, sys
+top, scales = sys.argv[1], sys.argv[2:]
+ngram = json.load(open(f"/tmp/bench-smollm2-curve-{top}.json"))["results"]["ngram"]
+for s in scales:
+    path = f"/tmp/bench-smollm2-curve-{s}.json"
+    d = json.load(open(path)); d["results"].setdefault("ngram", ngram); json.dump(d, open(path, "w"), indent=1)
+PY
+  $py benchmarks/data_curve.py --datasets $(for s in $scales; do echo "smollm2-curve-$s"; done) --bench-dir /tmp --out outputs/curve ;;
 run)
   # The notebooks run in their own process session, so a run longer than one call (10 minutes) goes on:
   # `run` started again with the same notebooks, within the machine's 30 s idle window, waits on it.
@@ -131,5 +186,5 @@ run)
   done
   exit "$(cat "$log.rc")" ;;
 *)
-  echo "usage: $0 prepare | stage | stage2 | run NOTEBOOKS | sharegpt" >&2; exit 2 ;;
+  echo "usage: $0 prepare | stage | stage2 | run NOTEBOOKS | sharegpt | curve" >&2; exit 2 ;;
 esac
