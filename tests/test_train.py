@@ -192,6 +192,23 @@ def test_torchrun_command_parses_with_speculators_own_cli(tiny, data, tmp_path, 
         build_parser().parse_args([*cmd[i:], "--ttt-stepz", "3"])
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_the_generated_command_builds_its_draft_in_speculators_own_cli_and_draftlab_loads_it(tiny, data, tmp_path, kind):
+    """speculators' own `main` up to its first step (`--dry-run`: verifier, vocab files, layer ids and draft
+    from the command's flags, saved by speculators), then loaded the way notebook 05 loads a draft."""
+    from speculators.train.cli import main
+    from speculators.train.config import TrainConfig
+
+    from draftlab.launch import torchrun_command
+    from draftlab.proposers import load_draft
+
+    cmd = torchrun_command(make(tiny, data, kind), data, Settings(**S), nproc=1, save_path=tmp_path / "save")
+    main(TrainConfig.resolve([*cmd[cmd.index("speculators.train") + 1 :], "--dry-run"]))
+    d = load_draft(tmp_path / "save", tiny)
+    assert d.kind == kind and list(d.model.target_layer_ids) == IDS and d.model.config.draft_vocab_size == 64
+    assert (tmp_path / "save" / "train_command.txt").exists()
+
+
 def run_as_speculators(flat: dict, data, tmp_path) -> tuple[int, list]:
     """speculators' epoch loop for these flags (trainer.run_training / train_epoch, its own sampler and save
     decisions, `Trainer.maybe_save_checkpoint` itself): optimizer steps run and the epoch folders saved."""

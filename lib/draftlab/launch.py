@@ -18,16 +18,19 @@ Differences from draftlab's loop, stated rather than hidden (speculators 0.9.0, 
 - Checkpoints: `<save>/<epoch>/` (config.json, bf16 model.safetensors, optimizer_state_dict.pt,
   scheduler_state_dict.pt, training_state.json); a save inside an epoch overwrites that epoch's folder;
   `checkpoint_best` links the saved epoch of lowest validation loss; nothing is rotated, so every save
-  stays on disk. `--checkpoint-freq` is set for about `checkpoint_every` steps and at most MAX_SAVES
-  saves, the last step's always included (`checkpoint_freq`); `--save-best` is not used, because it
-  skips the last epoch's save when its validation loss is not the lowest.
+  stays on disk. `--checkpoint-freq` is set for a save about every `checkpoint_every` steps but about
+  MAX_SAVES a run at most (plus epoch 0's, always written), the last step's included
+  (`checkpoint_freq`). `--save-best` is not used: it skips the last epoch's save when that epoch's
+  validation loss is not the lowest, and deletes every other epoch.
 - Resume: it continues from the newest epoch folder under `--save-path`, whatever run left it there,
   so `torchrun_command` refuses a save path that already holds epochs (pass resume=True to continue).
 - Data loading: worker processes (`--num-workers`, `--prefetch-factor`) read ahead only within an
   epoch: `train_epoch` iterates the DataLoader afresh each epoch, so every epoch's first pack is read
   while the GPU waits, and validation and saving run between epochs. On a split of two packs an epoch
   that is half of all steps (fetch_frac 0.49 on the ci data); no flag changes it, only longer epochs
-  (more rows per pack length) do. Pinned memory is always on; spawned workers each open a CUDA context
+  (more rows per pack) do. Its timer's "fetch" also holds the previous step's metric logging (one
+  console line a step at the default `--log-freq 1`; a larger one leaves GPU backlog in the next
+  logged step's fetch instead). Pinned memory is always on; spawned workers each open a CUDA context
   (`dataloader._worker_init_fn`), which nvidia-smi counts. Hidden states are cast to
   `--hidden-states-dtype` in the workers: bf16 data (CUDA stage 01) is copied, not converted.
 - Environment: the verifier must be a local directory (else speculators downloads it as a Hub id);
@@ -53,7 +56,8 @@ MAX_SAVES = 4  # speculators keeps every save (optimizer state included); draftl
 NUM_WORKERS = 4  # per loader; the validation loader starts as many again
 
 
-def epoch_steps(lengths, total_seq_len: int, nproc: int, seed: int, steps: int, train_data_ratio: float = 0.9) -> list[int]:
+def epoch_steps(lengths, total_seq_len: int, nproc: int, seed: int, steps: int,
+                train_data_ratio: float = 0.9) -> list[int]:
     """Optimizer steps of each epoch speculators will run for `steps` steps: its own sampler over the
     rows its train split takes, one list entry per epoch (the last one may be cut short by max_steps)."""
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
@@ -64,14 +68,14 @@ def epoch_steps(lengths, total_seq_len: int, nproc: int, seed: int, steps: int, 
     while sum(counts) < steps:
         sampler.set_epoch(len(counts))
         if not (n := len(sampler)):
-            raise DraftlabError(f"speculators' train split ({len(rows)} rows at train_data_ratio={train_data_ratio}) gives no "
-                                f"pack for {nproc} processes; use fewer processes or more data (stage 01).")
+            raise DraftlabError(f"speculators' train split ({len(rows)} rows at train_data_ratio={train_data_ratio}) "
+                                f"gives no pack for {nproc} processes; use fewer processes or more data (stage 01).")
         counts.append(n)
     return counts
 
 
 def checkpoint_freq(counts: list[int], steps: int, every: int, max_saves: int = MAX_SAVES) -> float:
-    """`--checkpoint-freq` for a save about every `every` steps (at most `max_saves` a run), last step included.
+    """`--checkpoint-freq` for a save about every `every` steps (about `max_saves` a run at most), the last included.
 
     Below 1 it is a share of an epoch's steps (a save each `round(n * freq)` steps, plus each epoch's end);
     from 1 on it counts epochs, and speculators saves epoch 0 and each epoch e with (e + 1) % freq == 0:
@@ -90,8 +94,9 @@ def check_verifier(path) -> Path:
 
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
-        raise DraftlabError(f"verifier {path} is not a local directory here: speculators would ask the Hugging Face Hub for "
-                            "it. Generate the command on the machine that trains, after stage 01 (it writes data/verifiers/).")
+        raise DraftlabError(f"verifier {path} is not a local directory here: speculators would ask the Hugging Face "
+                            "Hub for it. Generate the command on the machine that trains, after stage 01 (it writes "
+                            "data/verifiers/).")
     return resolve_verifier(path)
 
 
@@ -116,7 +121,8 @@ def speculators_flags(draft, data: Path, settings, save_path: Path, counts: list
         "draft-attn-impl": FLEX, "loss-implementation": loss,
         "optimizer": "adamw", "lr": s.learning_rate, "weight-decay": s.weight_decay,
         "scheduler-type": "cosine", "scheduler-warmup-steps": s.warmup_steps, "scheduler-total-steps": s.steps,
-        "max-steps": s.steps, "epochs": len(counts), "checkpoint-freq": f"{checkpoint_freq(counts, s.steps, s.checkpoint_every):g}",
+        "max-steps": s.steps, "epochs": len(counts),
+        "checkpoint-freq": f"{checkpoint_freq(counts, s.steps, s.checkpoint_every):g}",
         "seed": s.seed, "save-path": Path(save_path).resolve(),
     }
     if (train / f"d2t-{n}.npy").exists():
@@ -124,7 +130,8 @@ def speculators_flags(draft, data: Path, settings, save_path: Path, counts: list
     if draft.kind == "eagle3":
         flags.update({"ttt-steps": s.ttt_steps, "ttt-step-loss-decay": s.ttt_step_loss_decay})
     else:
-        flags.update({"block-size": cfg["block_size"], "max-anchors": s.n_anchors, "mask-token-id": cfg["mask_token_id"]})
+        flags.update({"block-size": cfg["block_size"], "max-anchors": s.n_anchors,
+                      "mask-token-id": cfg["mask_token_id"]})
     out = []
     for key, value in flags.items():
         out += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
@@ -144,8 +151,9 @@ def torchrun_command(draft, data: Path, settings, nproc: int, save_path: Path | 
         raise DraftlabError(f"nproc={nproc}: need at least one GPU process.")
     save_path = Path(save_path or Path(data) / "drafts" / draft.kind / "speculators").resolve()
     if (found := epochs_in(save_path)) and not resume:
-        raise DraftlabError(f"{save_path} already holds speculators epochs {found}: the command would resume that run. Remove "
-                            "the folder (or pick another save_path) for a fresh run, or pass resume=True to continue it.")
+        raise DraftlabError(f"{save_path} already holds speculators epochs {found}: the command would resume that "
+                            "run. Remove the folder (or pick another save_path) for a fresh run, or pass resume=True "
+                            "to continue it.")
     T, _ = checks.pack_length(settings.pack_len, draft.kind, FLEX)
     lengths = open_split(draft, Path(data) / "train", T).approx_lengths
     counts = epoch_steps(lengths, T, nproc, settings.seed, settings.steps, train_data_ratio)
@@ -193,21 +201,23 @@ def find_checkpoint(save_path, prefer: str = "best") -> Path:
     A folder that is itself a checkpoint (draftlab's final/, one epoch folder) is returned as it is."""
     root = Path(save_path)
     if prefer not in ("best", "last"):
-        raise DraftlabError(f"prefer={prefer!r}: use 'best' (speculators' lowest validation loss) or 'last' (the newest epoch).")
+        raise DraftlabError(f"prefer={prefer!r}: use 'best' (speculators' lowest validation loss) or 'last' "
+                            "(the newest epoch).")
     if loadable(root):
         return root
     best = root / "checkpoint_best"
     if prefer == "best" and best.is_dir() and loadable(best.resolve()):
-        return best.resolve()
+        return root / best.resolve().name if best.resolve().parent == root.resolve() else best.resolve()
     good = [root / str(e) for e in epochs_in(root) if loadable(root / str(e))]
     if good:
         return good[-1]
     seen = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
     hint = "; interrupted/ is speculators' save on a stop: pass it itself, or rename it to an epoch number" \
         if "interrupted" in seen else ""
-    raise DraftlabError(f"no draft checkpoint at {root}: no config.json with model.safetensors there, nor in a speculators epoch "
-                        f"folder (<save>/<epoch>/ or checkpoint_best; found {seen[:8] or 'nothing'}){hint}. Run notebook 04 or "
-                        "the torchrun command (launch.torchrun_command) to the end, or pass the folder save_pretrained wrote.")
+    raise DraftlabError(f"no draft checkpoint at {root}: no config.json with model.safetensors there, nor in a "
+                        f"speculators epoch folder (<save>/<epoch>/ or checkpoint_best; found {seen[:8] or 'nothing'})"
+                        f"{hint}. Run notebook 04 or the torchrun command (launch.torchrun_command) to the end, or "
+                        "pass the folder save_pretrained wrote.")
 
 
 def trained_draft(kind_dir) -> Path | None:

@@ -206,7 +206,7 @@ def load_draft(path, verifier):
     `_attn_implementation` is not serialised; drafting with a KV cache uses sdpa (or eager), never flex."""
     from speculators import SpeculatorModel
 
-    from draftlab.checkpoint import load_model
+    from draftlab.checkpoint import load_model, saved_dtype
     from draftlab.draft import Draft, _train_config, head_view, verify
     from draftlab.launch import find_checkpoint
 
@@ -229,6 +229,5 @@ def load_draft(path, verifier):
     train_config = _train_config(kind, head_view(verifier), **{k: v for k, v in flat.items() if v is not None})
     train_kwargs, _ = cls.get_trainer_kwargs(**train_config.flatten())
     draft = Draft(model, kind, verifier, train_config, train_kwargs, {"checkpoint": (str(path), "loaded for drafting, sdpa")})
-    saved = json.loads((path / "config.json").read_text()).get("dtype")
-    verify(draft, getattr(torch, saved) if isinstance(saved, str) and isinstance(getattr(torch, saved, None), torch.dtype) else None)
+    verify(draft, saved_dtype(path))
     return draft
