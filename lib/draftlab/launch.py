@@ -26,13 +26,15 @@ Differences from draftlab's loop, stated rather than hidden (speculators 0.9.0, 
   so `torchrun_command` refuses a save path that already holds epochs (pass resume=True to continue).
 - Data loading: worker processes (`--num-workers`, `--prefetch-factor`) read ahead only within an
   epoch: `train_epoch` iterates the DataLoader afresh each epoch, so every epoch's first pack is read
-  while the GPU waits, and validation and saving run between epochs. On a split of two packs an epoch
-  that is half of all steps (fetch_frac 0.49 on the ci data); no flag changes it, only longer epochs
-  (more rows per pack) do. Its timer's "fetch" also holds the previous step's metric logging (one
-  console line a step at the default `--log-freq 1`; a larger one leaves GPU backlog in the next
-  logged step's fetch instead). Pinned memory is always on; spawned workers each open a CUDA context
-  (`dataloader._worker_init_fn`), which nvidia-smi counts. Hidden states are cast to
-  `--hidden-states-dtype` in the workers: bf16 data (CUDA stage 01) is copied, not converted.
+  while the GPU waits, and validation and saving run between epochs. With two packs an epoch that
+  is half of all steps (issue 21 saw fetch_frac 0.49 on the ci data, H200); no flag changes it, only
+  more packs an epoch (more rows for the pack length) do. Its timer's "fetch" also holds the previous
+  step's metric logging (one console line a step at the default `--log-freq 1`; a larger one leaves
+  GPU backlog in the next logged step's fetch instead). Pinned memory is always on; spawned workers
+  each open a CUDA context (`dataloader._worker_init_fn`), which nvidia-smi counts. Hidden states are
+  cast to `--hidden-states-dtype` in the workers: bf16 data (CUDA stage 01) is copied, not converted.
+  Per row `ArrowDataset._get_raw_data` formats the dataset row to torch twice (token check, loss
+  mask): most of a row's read time in a profile on a CPU here, and no flag changes it either.
 - Environment: the verifier must be a local directory (else speculators downloads it as a Hub id);
   no variable needs setting. Paths are absolute: generate the command on the machine that runs it.
 """
