@@ -124,7 +124,8 @@ torchrun)
   [ -f "$sbs/speculators-log.txt" ] && cp "$sbs/speculators-log.txt" "$out/"
   # shellcheck disable=SC2046
   tar czf "$out/torchrun-sbs.tar.gz" -C "$sbs" $(cd "$sbs" && ls ./*.json ./*.jsonl ./*.sh ./*.csv ./*.md 2>/dev/null) \
-    -C "$PWD" $(ls data/runs/*/sbs/draftlab/metrics.jsonl data/runs/*/sbs/speculators/*.yaml data/runs/*/sbs/speculators/*.txt data/runs/*/sbs/speculators/[0-9]*/*.json 2>/dev/null) || true
+    -C "$PWD" $(ls data/runs/*/sbs/draftlab/metrics.jsonl data/runs/*/sbs/speculators/{*.yaml,*.txt,[0-9]*/*.json} \
+    2>/dev/null) || true
   [ -f "$sbs/table.md" ] && cp "$sbs/table.md" "$out/"
   grep -a -E "^(\+ |.*(Error|error:|Traceback))" "$log" | tail -n 40 || true
   for f in draftlab speculators eval; do [ -f "$sbs/$f.json" ] && { echo "== $f"; head -c 1500 "$sbs/$f.json"; echo; }; done
@@ -160,9 +161,9 @@ torchrun-job)
   # (c) both checkpoints on draftlab's held-out split, then tau on the bench prompts with the n-gram baseline
   $py benchmarks/bench_torchrun.py eval --profile "$p" "${opt[@]}" --run-dir "$run" --save-path "$save" --out "$sbs/eval.json"
   last=$($py -c "import json,sys; print(json.load(open(sys.argv[1]))['speculators']['path'])" "$sbs/eval.json")
-  $py benchmarks/bench_accept.py --dataset "$ds" --kinds ngram --draft "eagle3-draftlab=$run/final" --draft "eagle3-speculators=$last" \
-    --prompts "${BENCH_PROMPTS:-36}" --max-new-tokens "${BENCH_TOKENS:-96}" --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" \
-    --out "$sbs/bench.json"
+  $py benchmarks/bench_accept.py --dataset "$ds" --kinds ngram --draft "eagle3-draftlab=$run/final" \
+    --draft "eagle3-speculators=$last" --prompts "${BENCH_PROMPTS:-36}" --max-new-tokens "${BENCH_TOKENS:-96}" \
+    --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --out "$sbs/bench.json"
   $py benchmarks/bench_torchrun.py table "$sbs/draftlab.json" "$sbs/speculators.json" "$sbs/eval.json" "$sbs/bench.json" \
     | tee "$sbs/table.md" ;;
 run)

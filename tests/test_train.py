@@ -184,16 +184,18 @@ def test_torchrun_command_parses_with_speculators_own_cli(tiny, data, tmp_path, 
     assert cfg.scheduler.scheduler_type == "cosine" and cfg.trainer.max_steps == s.steps and cfg.draft.target_layer_ids == IDS
     assert (cfg.loss.ttt_steps == s.ttt_steps) if kind == "eagle3" else (cfg.dflash.block_size == 4 and cfg.data.max_anchors == 8)
     flat = cfg.flatten()
-    assert flat["num_workers"] == 4 and flat["prefetch_factor"] == 4 and flat["on_missing"] == "raise" and not flat["save_best"]
+    assert flat["num_workers"] == 4 and flat["prefetch_factor"] == 4 and flat["on_missing"] == "raise"
+    assert not flat["save_best"]
     for key in ("verifier_name_or_path", "data_path", "save_path", "d2t_path"):  # absolute, and there on this machine
         assert Path(flat[key]).is_absolute() and (key == "save_path" or Path(flat[key]).exists()), key
-    assert (Path(flat["verifier_name_or_path"]) / "config.json").exists() and (Path(flat["data_path"]) / "hidden_states").is_dir()
+    assert (Path(flat["verifier_name_or_path"]) / "config.json").exists()
+    assert (Path(flat["data_path"]) / "hidden_states").is_dir()
     with pytest.raises(SystemExit):
         build_parser().parse_args([*cmd[i:], "--ttt-stepz", "3"])
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
-def test_the_generated_command_builds_its_draft_in_speculators_own_cli_and_draftlab_loads_it(tiny, data, tmp_path, kind):
+def test_the_generated_command_builds_its_draft_in_speculators_cli_and_draftlab_loads_it(tiny, data, tmp_path, kind):
     """speculators' own `main` up to its first step (`--dry-run`: verifier, vocab files, layer ids and draft
     from the command's flags, saved by speculators), then loaded the way notebook 05 loads a draft."""
     from speculators.train.cli import main
@@ -218,8 +220,9 @@ def run_as_speculators(flat: dict, data, tmp_path) -> tuple[int, list]:
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
     from speculators.train.trainer import MIN_STEP_PCT, Trainer, TrainerConfig
 
-    ds = ArrowDataset(flat["total_seq_len"], flat["data_path"], on_missing="raise", train_ratio=flat["train_data_ratio"])
-    sampler = MultipackDistributedBatchSamplerV2(flat["total_seq_len"], ds.approx_lengths, num_replicas=1, rank=0, seed=flat["seed"])
+    T = flat["total_seq_len"]
+    ds = ArrowDataset(T, flat["data_path"], on_missing="raise", train_ratio=flat["train_data_ratio"])
+    sampler = MultipackDistributedBatchSamplerV2(T, ds.approx_lengths, num_replicas=1, rank=0, seed=flat["seed"])
     config = TrainerConfig(lr=1.0, num_epochs=flat["epochs"], save_path=str(tmp_path), checkpoint_freq=flat["checkpoint_freq"],
                            save_best=flat["save_best"], max_steps=flat["max_steps"])
     saved = []
@@ -252,7 +255,8 @@ def test_speculators_runs_exactly_the_steps_and_saves_a_few_times_the_last_inclu
     flat = TrainConfig.resolve(cmd[cmd.index("speculators.train") + 1 :]).flatten()
     steps, saved = run_as_speculators(flat, data, tmp_path)
     assert steps == 60, "one epoch too many trains a step past --max-steps; one too few stops short"
-    assert flat["epochs"] >= 10 and saved[-1] == flat["epochs"] - 1 and 2 <= len(saved) <= MAX_SAVES + 1, (flat["epochs"], saved)
+    assert flat["epochs"] >= 10 and saved[-1] == flat["epochs"] - 1, (flat["epochs"], saved)
+    assert 2 <= len(saved) <= MAX_SAVES + 1, saved
 
 
 def test_checkpoint_interval_within_long_epochs_and_across_short_ones():
@@ -305,7 +309,8 @@ def test_find_checkpoint_in_speculators_save_layout(speculators_save):
     from draftlab.launch import find_checkpoint, trained_draft
 
     root, _ = speculators_save
-    assert {"optimizer_state_dict.pt", "scheduler_state_dict.pt", "config.json", "model.safetensors"} <= {p.name for p in (root / "2").iterdir()}
+    files = {"optimizer_state_dict.pt", "scheduler_state_dict.pt", "config.json", "model.safetensors"}
+    assert files <= {p.name for p in (root / "2").iterdir()}
     assert find_checkpoint(root) == root / "1" and find_checkpoint(root, prefer="last") == root / "2"
     assert find_checkpoint(root / "2") == root / "2" and trained_draft(root.parent) == root / "1"
     (root / "checkpoint_best").unlink()
