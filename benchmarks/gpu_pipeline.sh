@@ -129,6 +129,7 @@ torchrun)
   [ -f "$sbs/table.md" ] && cp "$sbs/table.md" "$out/"
   grep -a -E "^(\+ |.*(Error|error:|Traceback))" "$log" | tail -n 40 || true
   for f in draftlab speculators eval; do [ -f "$sbs/$f.json" ] && { echo "== $f"; head -c 1500 "$sbs/$f.json"; echo; }; done
+  [ -f "$sbs/command.sh" ] && { echo "== command"; cat "$sbs/command.sh"; }
   [ -f "$sbs/table.md" ] && cat "$sbs/table.md"
   exit "$(cat "$log.rc")" ;;
 torchrun-job)
@@ -145,6 +146,7 @@ torchrun-job)
     --command "$sbs/command.sh" --out "$sbs/draftlab.json" ${DRY_TORCHRUN:+--standin}
   # (b) that command, as written; only the environment adds a peak-memory report at exit, one-line logs
   # (COLUMNS) and a time on each line; nvidia-smi polled beside it
+  echo "== the command draftlab wrote:"; cat "$sbs/command.sh"
   start=$(date +%s.%N); rc=0
   if [ -z "${DRY_TORCHRUN:-}" ]; then
     nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$sbs/smi.csv" & smi=$!
