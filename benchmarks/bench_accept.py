@@ -1,12 +1,16 @@
 """Online tau (tokens per verifier pass) on held-out prompts: the BENCHMARKS.md acceptance target.
 
 Greedy, chain of k, the stage-01 eval split of one dataset; every proposer available: the n-gram
-baseline always, EAGLE-3 / DFlash when stage 04 saved `data/runs/<dataset>/drafts/<kind>/final/`.
+baseline always, EAGLE-3 / DFlash when stage 04 saved `data/runs/<dataset>/drafts/<kind>/final/` (or
+speculators under torchrun saved `.../<kind>/speculators/`; the newer of the two, `launch.trained_draft`).
     python benchmarks/bench_accept.py --dataset smollm2-default --prompts 32 --k 5
     python benchmarks/bench_accept.py --dataset smollm2-gpu --device cuda --dtype bfloat16 --prompts 0
 Two datasets' drafts on one prompt set (issue 16's before / after ShareGPT): `--prompts-from` names the
 dataset whose split is measured, so both drafts meet the same prompts.
     python benchmarks/bench_accept.py --dataset smollm2-gpu-nosharegpt --prompts-from smollm2-gpu --kinds eagle3
+Any other checkpoint by name (issue 21: a speculators `--save-path` is taken as it is, its checkpoint found):
+    python benchmarks/bench_accept.py --dataset smollm2-gpu --kinds ngram \
+        --draft eagle3-speculators=data/runs/smollm2-gpu/drafts/eagle3/speculators
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from draftlab import config
 from draftlab.accept_eval import hardware, load_spec_prompts, run_prompts, summarize
+from draftlab.launch import trained_draft
 from draftlab.proposers import NGramProposer, load_draft, make_proposer
 from draftlab.verifier import load_verifier
 
@@ -34,6 +39,8 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--draft", action="append", default=[], metavar="NAME=PATH",
+                    help="also measure this checkpoint (final/, an epoch folder, or a speculators --save-path)")
     args = ap.parse_args()
     v = load_verifier("smollm2", device=args.device, dtype=args.dtype)
     run_dir = config.data_dir() / "runs" / args.dataset
@@ -41,12 +48,13 @@ def main():
     prompts = load_spec_prompts(prompts_dir, v.tokenizer, args.split, args.prompts or None)
     kinds = args.kinds.split(",")
     proposers = {"ngram": NGramProposer(3)} if "ngram" in kinds else {}
-    for kind in ("eagle3", "dflash"):
-        path = run_dir / "drafts" / kind / "final"
-        if kind in kinds and (path / "config.json").exists():
-            proposers[kind] = make_proposer(load_draft(path, v), v.vocab_size)
+    paths = {kind: trained_draft(run_dir / "drafts" / kind) for kind in ("eagle3", "dflash") if kind in kinds}
+    paths = {**{k: p for k, p in paths.items() if p is not None}, **dict(d.split("=", 1) for d in args.draft)}
+    drafts = {name: load_draft(path, v) for name, path in paths.items()}
+    proposers.update({name: make_proposer(d, v.vocab_size) for name, d in drafts.items()})
     out = {"dataset": args.dataset, "prompts_from": args.prompts_from or args.dataset, "split": args.split, "prompts": len(prompts), "k": args.k, "topology": "chain", "temperature": 0.0,
-           "max_new_tokens": args.max_new_tokens, "hardware": hardware(v.device), "results": {}}
+           "max_new_tokens": args.max_new_tokens, "hardware": hardware(v.device),
+           "drafts": {name: d.choices["checkpoint"][0] for name, d in drafts.items()}, "results": {}}
     for name, prop in proposers.items():
         t0 = time.perf_counter()
         s = summarize(run_prompts(v, prop, prompts, args.k, args.max_new_tokens), args.k)

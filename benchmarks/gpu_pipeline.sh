@@ -17,6 +17,13 @@
 #   carry [".whl"]:                   bash benchmarks/gpu_pipeline.sh sharegpt   (again while "still running")
 # or issue 17's curve (the default profile's fp32 recipe at 1, 2, 4, 8, 16 times its prompt pool, at once):
 #   carry [".whl"]:                   bash benchmarks/gpu_pipeline.sh curve      (again while "still running")
+# or issue 21's side by side: draftlab's loop, then the torchrun command draftlab writes (speculators'
+# trainer), the same STEPS (default: the profile's train_steps) on the profile's stage-01 data (made first
+# by `draftlab run --only 01` where missing), then both drafts and the n-gram baseline on the bench prompts:
+#   carry [".whl"]:                   bash benchmarks/gpu_pipeline.sh torchrun   (again while "still running")
+# Here, a dry run on the ci data (no CUDA: the command is printed, not run, and draftlab's weights stand in
+# for speculators' checkpoint, written by speculators' own checkpointer):
+#   PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRY_TORCHRUN=1 bash benchmarks/gpu_pipeline.sh torchrun
 # Measured there (the gpu profile, 2026-11-30): 01-03 in 247 s, 04 in 257 s; 05 took 222 s with three sampled answers. A call waits at most WAIT_S
 # (540) seconds; a longer run goes on in the background.
 # Figures, summaries and training metrics come back as $OUT/gpu-<notebooks>.tar.gz, the log as
@@ -156,6 +163,66 @@ for s in scales:
     d = json.load(open(path)); d["results"].setdefault("ngram", ngram); json.dump(d, open(path, "w"), indent=1)
 PY
   $py benchmarks/data_curve.py --datasets $(for s in $scales; do echo "smollm2-curve-$s"; done) --bench-dir /tmp --out outputs/curve ;;
+torchrun)
+  out="${OUT:-/tmp/out}"; mkdir -p "$out"; log=/tmp/draftlab-torchrun.log; sbs=/tmp/sbs
+  install_once
+  if [ ! -f "$log" ]; then
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; nproc; df -h /dev/shm || true
+    setsid nohup bash -c "bash $0 torchrun-job > $log 2>&1; echo \$? > $log.rc" < /dev/null > /dev/null 2>&1 &
+  fi
+  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  cp "$log" "$out/log-torchrun.txt"
+  if [ ! -f "$log.rc" ]; then
+    tail -c 3000 "$log"; echo; echo "still running: call 'torchrun' again within 30 s to wait on it"; exit 3
+  fi
+  # $OUT: the job's log, speculators' log (each line timed), one archive of the small results, the table
+  [ -f "$sbs/speculators-log.txt" ] && cp "$sbs/speculators-log.txt" "$out/"
+  # shellcheck disable=SC2046
+  tar czf "$out/torchrun-sbs.tar.gz" -C "$sbs" $(cd "$sbs" && ls ./*.json ./*.jsonl ./*.sh ./*.csv ./*.md 2>/dev/null) \
+    -C "$PWD" $(ls data/runs/*/sbs/draftlab/metrics.jsonl data/runs/*/sbs/speculators/{*.yaml,*.txt,[0-9]*/*.json} \
+    2>/dev/null) || true
+  [ -f "$sbs/table.md" ] && cp "$sbs/table.md" "$out/"
+  grep -a -E "^(\+ |.*(Error|error:|Traceback))" "$log" | tail -n 40 || true
+  for f in draftlab speculators eval; do [ -f "$sbs/$f.json" ] && { echo "== $f"; head -c 1500 "$sbs/$f.json"; echo; }; done
+  [ -f "$sbs/command.sh" ] && { echo "== command"; cat "$sbs/command.sh"; }
+  [ -f "$sbs/table.md" ] && cat "$sbs/table.md"
+  exit "$(cat "$log.rc")" ;;
+torchrun-job)
+  install_once
+  set -x
+  p="${PROFILE:-gpu}"; py="${PY:-python3}"; sbs=/tmp/sbs; rm -rf "$sbs"; mkdir -p "$sbs"
+  ds=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['dataset_name'])")
+  data="data/runs/$ds"; run="$data/sbs/draftlab"; save="$data/sbs/speculators"
+  opt=(${STEPS:+--steps "$STEPS"} ${DEVICE:+--device "$DEVICE"} ${DTYPE:+--dtype "$DTYPE"})
+  [ -f "$data/train/manifest.json" ] || $py -m draftlab run --profile "$p" --only 01
+  rm -rf "$run" "$save"
+  # (a) draftlab's loop; it also writes the torchrun command for the same draft, settings and data
+  $py benchmarks/bench_torchrun.py draftlab --profile "$p" "${opt[@]}" --run-dir "$run" --save-path "$save" \
+    --command "$sbs/command.sh" --out "$sbs/draftlab.json" ${DRY_TORCHRUN:+--standin}
+  # (b) that command, as written; only the environment adds a peak-memory report at exit, one-line logs
+  # (COLUMNS) and a time on each line; nvidia-smi polled beside it
+  echo "== the command draftlab wrote:"; cat "$sbs/command.sh"
+  start=$(date +%s.%N); rc=0
+  if [ -z "${DRY_TORCHRUN:-}" ]; then
+    nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$sbs/smi.csv" & smi=$!
+    DRAFTLAB_PEAK_FILE="$sbs/peak.jsonl" PYTHONPATH="$PWD/benchmarks/peakmem:$PYTHONPATH" COLUMNS=4000 \
+      bash "$sbs/command.sh" 2>&1 | $py benchmarks/bench_torchrun.py stamp > "$sbs/speculators-log.txt" || rc=$?
+    kill "$smi" || true
+  else
+    echo "DRY_TORCHRUN: not run: $(cat "$sbs/command.sh")" | tee "$sbs/speculators-log.txt"
+  fi
+  wall=$($py -c "import time; print(round(time.time() - $start, 1))")
+  $py benchmarks/bench_torchrun.py parse --log "$sbs/speculators-log.txt" --peak "$sbs/peak.jsonl" --smi "$sbs/smi.csv" \
+    --save-path "$save" --start "$start" --wall "$wall" --rc "$rc" --out "$sbs/speculators.json"
+  [ "$rc" = 0 ] || { tail -c 6000 "$sbs/speculators-log.txt"; exit "$rc"; }
+  # (c) both checkpoints on draftlab's held-out split, then tau on the bench prompts with the n-gram baseline
+  $py benchmarks/bench_torchrun.py eval --profile "$p" "${opt[@]}" --run-dir "$run" --save-path "$save" --out "$sbs/eval.json"
+  last=$($py -c "import json,sys; print(json.load(open(sys.argv[1]))['speculators']['path'])" "$sbs/eval.json")
+  $py benchmarks/bench_accept.py --dataset "$ds" --kinds ngram --draft "eagle3-draftlab=$run/final" \
+    --draft "eagle3-speculators=$last" --prompts "${BENCH_PROMPTS:-36}" --max-new-tokens "${BENCH_TOKENS:-96}" \
+    --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --out "$sbs/bench.json"
+  $py benchmarks/bench_torchrun.py table "$sbs/draftlab.json" "$sbs/speculators.json" "$sbs/eval.json" "$sbs/bench.json" \
+    | tee "$sbs/table.md" ;;
 run)
   # The notebooks run in their own process session, so a run longer than one call (10 minutes) goes on:
   # `run` started again with the same notebooks, within the machine's 30 s idle window, waits on it.
@@ -186,5 +253,5 @@ run)
   done
   exit "$(cat "$log.rc")" ;;
 *)
-  echo "usage: $0 prepare | stage | stage2 | run NOTEBOOKS | sharegpt | curve" >&2; exit 2 ;;
+  echo "usage: $0 prepare | stage | stage2 | run NOTEBOOKS | sharegpt | curve | torchrun" >&2; exit 2 ;;
 esac

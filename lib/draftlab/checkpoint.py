@@ -139,8 +139,17 @@ def reload(path: Path, like: Draft) -> Draft:
     model = load_model(path, type(like.model), like.attention, like.verifier.device, like.dtype)
     norms.match_verifier_norm(model, like.verifier)
     draft = Draft(model, like.kind, like.verifier, like.train_config, like.train_kwargs, dict(like.choices))
-    verify(draft)
+    verify(draft, saved_dtype(path))
     return draft
+
+
+def saved_dtype(path: Path) -> torch.dtype | None:
+    """The dtype config.json records for the saved weights (speculators' trainer always saves bfloat16)."""
+    import json
+
+    saved = json.loads((Path(path) / "config.json").read_text()).get("dtype")
+    dtype = getattr(torch, saved, None) if isinstance(saved, str) else None
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def reload_check(like: Draft, path: Path, batch: dict) -> dict:

@@ -201,16 +201,18 @@ def crop(cache, keep: int) -> None:
 
 
 def load_draft(path, verifier):
-    """A stage-04 checkpoint (`data/runs/<dataset>/drafts/<kind>/final/`) as a checked draftlab `Draft`.
+    """A stage-04 checkpoint (`data/runs/<dataset>/drafts/<kind>/final/`), or a speculators `--save-path`
+    (its checkpoint found by `launch.find_checkpoint`), as a checked draftlab `Draft`.
     `_attn_implementation` is not serialised; drafting with a KV cache uses sdpa (or eager), never flex."""
     from speculators import SpeculatorModel
 
-    from draftlab.checkpoint import load_model
+    from draftlab.checkpoint import load_model, saved_dtype
     from draftlab.draft import Draft, _train_config, head_view, verify
+    from draftlab.launch import find_checkpoint
 
     path = Path(path)
     if not (path / "config.json").exists():
-        raise DraftlabError(f"no draft checkpoint at {path} (no config.json); run notebook 04 or pass the folder save_pretrained wrote.")
+        path = find_checkpoint(path)  # speculators' <save>/<epoch>/ layout, or an error naming the fix
     kind = json.loads((path / "config.json").read_text()).get("speculators_model_type")
     if kind not in ("eagle3", "dflash"):
         raise DraftlabError(f"{path}/config.json is a {kind!r} speculator; draftlab drafts with eagle3 or dflash.")
@@ -227,6 +229,5 @@ def load_draft(path, verifier):
     train_config = _train_config(kind, head_view(verifier), **{k: v for k, v in flat.items() if v is not None})
     train_kwargs, _ = cls.get_trainer_kwargs(**train_config.flatten())
     draft = Draft(model, kind, verifier, train_config, train_kwargs, {"checkpoint": (str(path), "loaded for drafting, sdpa")})
-    saved = json.loads((path / "config.json").read_text()).get("dtype")
-    verify(draft, getattr(torch, saved) if isinstance(saved, str) and isinstance(getattr(torch, saved, None), torch.dtype) else None)
+    verify(draft, saved_dtype(path))
     return draft
