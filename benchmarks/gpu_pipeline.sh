@@ -21,6 +21,8 @@
 # trainer), the same STEPS (default: the profile's train_steps) on the profile's stage-01 data (made first
 # by `draftlab run --only 01` where missing), then both drafts and the n-gram baseline on the bench prompts:
 #   carry [".whl"]:                   bash benchmarks/gpu_pipeline.sh torchrun   (again while "still running")
+# Both in one lease, the curve first and torchrun's timed part after it (its stage 01 overlaps the curve):
+#   carry [".whl"]:  WAIT_S=3 bash benchmarks/gpu_pipeline.sh curve; AFTER=/tmp/draftlab-curve.log.rc bash benchmarks/gpu_pipeline.sh torchrun
 # Here, a dry run on the ci data (no CUDA: the command is printed, not run, and draftlab's weights stand in
 # for speculators' checkpoint, written by speculators' own checkpointer):
 #   PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRY_TORCHRUN=1 bash benchmarks/gpu_pipeline.sh torchrun
@@ -140,7 +142,7 @@ curve-job)
   for s in $scales; do
     sg=$(( ${BASE_SHAREGPT:-160} * s )); ch=$(( ${BASE_CHAT:-40} * s )); co=$(( ${BASE_CODE:-40} * s ))
     [ "$ch" -gt 740 ] && ch=740; [ "$co" -gt 164 ] && co=164
-    st=$(( ${BASE_STEPS:-300} * s )); ev=$(( st / 3 ))
+    st=$(( ${BASE_STEPS:-300} * s )); ev=$(( st > 2 ? st / 3 : 1 ))
     $py -m draftlab run --profile "${PROFILE:-default}" --only 01,04 --run-name "curve-$s" --set dataset_name="smollm2-curve-$s" \
       --set device="${DEVICE:-cuda}" --set dtype=float32 --set n_sharegpt="$sg" --set n_chat="$ch" --set n_code="$co" \
       --set train_steps="$st" --set eval_every="$ev" --set checkpoint_every="$ev" > "/tmp/curve-$s.log" 2>&1 & pids+=($!)
@@ -195,6 +197,8 @@ torchrun-job)
   data="data/runs/$ds"; run="$data/sbs/draftlab"; save="$data/sbs/speculators"
   opt=(${STEPS:+--steps "$STEPS"} ${DEVICE:+--device "$DEVICE"} ${DTYPE:+--dtype "$DTYPE"})
   [ -f "$data/train/manifest.json" ] || $py -m draftlab run --profile "$p" --only 01
+  # AFTER: a file to wait for (another job's .rc) so that the timed part runs alone on the GPU
+  if [ -n "${AFTER:-}" ]; then while [ ! -f "$AFTER" ]; do sleep 5; done; fi
   rm -rf "$run" "$save"
   # (a) draftlab's loop; it also writes the torchrun command for the same draft, settings and data
   $py benchmarks/bench_torchrun.py draftlab --profile "$p" "${opt[@]}" --run-dir "$run" --save-path "$save" \
