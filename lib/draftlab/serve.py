@@ -172,7 +172,9 @@ class Server:
     """`vllm serve <verifier>` (with `--speculative-config` for a draft) as a context manager."""
 
     def __init__(self, verifier_dir, draft_dir=None, k: int = 5, dtype: str = "float32", device: str = "cpu",
-                 max_model_len: int = 2048, log_path=None, startup_timeout: float = 600, seed: int = 0):
+                 max_model_len: int = 2048, log_path=None, startup_timeout: float = 600, seed: int = 0,
+                 extra_args=(), extra_env: dict | None = None):
+        """`extra_args` go after draftlab's own flags, `extra_env` over `server_env()` (extract_vllm.py uses both)."""
         self.draft_cfg = None
         if draft_dir is not None:
             if not isinstance(k, int) or k < 1:
@@ -189,7 +191,8 @@ class Server:
             spec = {"method": METHODS[self.draft_cfg["speculators_model_type"]], "model": str(Path(draft_dir).resolve()),
                     "num_speculative_tokens": k}
             cmd += ["--speculative-config", json.dumps(spec)]
-        self.command, self.proc, self.startup_s = cmd, None, None
+        self.command, self.proc, self.startup_s = cmd + list(extra_args), None, None
+        self.extra_env = dict(extra_env or {})
 
     def __enter__(self) -> Server:
         self.start()
@@ -204,7 +207,7 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=server_env(), start_new_session=True, preexec_fn=_die_with_parent)
+                                         env={**server_env(), **self.extra_env}, start_new_session=True, preexec_fn=_die_with_parent)
         try:
             self._wait_ready()
         except BaseException:  # an error or an interrupt while waiting: no server is left behind
