@@ -185,7 +185,8 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
     if getattr(v, "lm_head", None) is None:
         raise DraftlabError(f"verifier {v.path} has no lm_head; drafts copy the verifier's output projection: pass a *ForCausalLM checkpoint.")
     norms.refuse_unsupported_norm(v)
-    dev, dt = str(v.device), pick_dtype(dtype, str(v.device))
+    dev = str(v.device)
+    dt = v.dtype if dtype == "auto" else pick_dtype(dtype, dev)  # auto: the verifier's, however it was loaded
     name = str(dt).removeprefix("torch.")
     if dt != v.dtype:
         have = str(v.dtype).removeprefix("torch.")

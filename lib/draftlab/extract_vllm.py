@@ -53,9 +53,23 @@ print(json.dumps(found))
 
 
 @functools.cache
+@functools.cache
 def _probe(exe: str) -> tuple[str | None, str | None]:
     """(why the stock connector cannot run, why nothing can) for one `vllm` executable: a read of the installed connector's
-    source and one pinned allocation in the vLLM environment's torch (a few seconds; no server)."""
+    source and one pinned allocation in the vLLM environment's torch (10-30 s here: it imports torch; no server). Kept
+    in data/cache per executable and its modification time, so notebook 01 pays it once per vLLM environment."""
+    from draftlab.config import data_dir
+
+    cache, key = data_dir() / "cache" / "vllm-extract-probe.json", f"{exe}@{os.stat(exe).st_mtime_ns}"
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    if key not in known:
+        known[key] = _run_probe(exe)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(known, indent=1))
+    return tuple(known[key])
+
+
+def _run_probe(exe: str) -> tuple[str | None, str | None]:
     done = subprocess.run([str(Path(exe).parent / "python"), "-c", _PROBE], capture_output=True, text=True, timeout=300,
                           env=server_env())
     if done.returncode != 0:
