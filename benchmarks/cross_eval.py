@@ -1,0 +1,39 @@
+"""Each dataset's EAGLE-3 draft on each dataset's eval split, teacher-forced first-position accuracy
+(issue 17: a draft trained on bf16-written answers against one trained on fp32-written answers, both
+read on the same held-out text).
+    python benchmarks/cross_eval.py --datasets smollm2-default smollm2-default-bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from draftlab import config
+from draftlab.accept_eval import offline_alpha
+from draftlab.launch import trained_draft
+from draftlab.proposers import load_draft
+from draftlab.verifier import load_verifier
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", nargs="+", required=True)
+    ap.add_argument("--rows", type=int, default=64, help="eval rows per split (all when fewer)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    args = ap.parse_args()
+    v = load_verifier("smollm2", device=args.device, dtype=args.dtype)
+    runs = config.data_dir() / "runs"
+    table = {}
+    for trained in args.datasets:
+        d = load_draft(trained_draft(runs / trained / "drafts" / "eagle3"), v)
+        table[trained] = {ev: round(offline_alpha(d, runs / ev / "eval", 1, max_rows=args.rows)[0], 4) for ev in args.datasets}
+    print("| EAGLE-3 trained on | " + " | ".join(f"{ev} eval" for ev in args.datasets) + " |\n|" + " --- |" * (len(args.datasets) + 1))
+    for trained, row in table.items():
+        print(f"| {trained} | " + " | ".join(f"{row[ev]:.3f}" for ev in args.datasets) + " |")
+    print(json.dumps(table))
+
+
+if __name__ == "__main__":
+    main()
