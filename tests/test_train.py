@@ -513,3 +513,12 @@ def test_a_damaged_hidden_state_file_is_named_before_training(tiny, data, tmp_pa
         why = "its bytes differ from the manifest's sha256"
     with pytest.raises(DraftlabError, match=f"1 hidden-state file.*hs_3.safetensors: {why}.*Re-run notebook 01"):
         open_split(d, split, 96)
+
+
+@pytest.mark.parametrize("field", ["steps", "eval_every", "checkpoint_every"])
+def test_settings_refuse_a_zero_interval_by_name(field):
+    from draftlab import DraftlabError
+    from draftlab.train import Settings
+
+    with pytest.raises(DraftlabError, match=f"{field}=0: must be at least 1"):
+        Settings(**{field: 0})

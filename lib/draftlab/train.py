@@ -50,6 +50,17 @@ class Settings:
     keep_checkpoints: int = 2
     loader_workers: int | None = None  # processes reading packs ahead; None: train_data.loader_workers picks
 
+    def __post_init__(self):
+        """Refused here, named, rather than as a ZeroDivisionError deep in the loop."""
+        for name, least in (("steps", 1), ("eval_every", 1), ("checkpoint_every", 1), ("pack_len", 1), ("warmup_steps", 0),
+                            ("keep_checkpoints", 1)):
+            if getattr(self, name) < least:
+                raise DraftlabError(f"{name}={getattr(self, name)}: must be at least {least} (the profile key "
+                                    f"{'train_steps' if name == 'steps' else name}); an evaluation and a checkpoint "
+                                    "are always made at the last step, so a large interval means 'only at the end'.")
+        if not self.learning_rate > 0:
+            raise DraftlabError(f"learning_rate={self.learning_rate}: must be above 0.")
+
 
 def run_folder(dataset_name: str, kind: str) -> Path:
     return data_dir() / "runs" / dataset_name / "drafts" / kind
