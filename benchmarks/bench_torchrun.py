@@ -157,16 +157,14 @@ def run_eval(args) -> dict:
     from draftlab import checkpoint as ckpt
     from draftlab import launch, train
     from draftlab.proposers import load_draft
-    from draftlab.train_data import Packs, open_split
 
     data, v, d, s = setup(args)
-    packs = Packs(d, open_split(d, data / "eval", s.pack_len), s.pack_len, 0)
     spec = launch.find_checkpoint(args.save_path, "last")  # the same step count as draftlab's final/
-    out: dict = {}
-    for name, path in (("draftlab", Path(args.run_dir) / "final"), ("speculators", spec)):
-        r = train.evaluate(ckpt.reload(path, d), packs)
-        out[name] = {"path": str(path), "eval_acc_0": round(train.first_accuracy("eagle3", r), 4),
-                     "eval_loss": round(r["loss"], 4), "eval_positions": accuracies(r)}
+    both = ckpt.compare({"draftlab": Path(args.run_dir) / "final", "speculators": spec}, d, data / "eval", s.pack_len)
+    out: dict = {name: {"path": r["checkpoint"], "eval_acc_0": round(r["eval first-position accuracy"], 4),
+                        "eval_loss": round(r["eval loss"], 4),
+                        "eval_positions": {k.split()[1]: round(a, 4) for k, a in r.items() if k.startswith("position ")}}
+                 for name, r in both.items()}
     reload = train.check_reload(ckpt.reload(spec, d), spec, data, s.pack_len)
     out["speculators"]["reload_check"] = {k: reload[k] for k in ("identical tensors", "identical outputs")}
     out["speculators"]["load_draft"] = load_draft(args.save_path, v).choices["checkpoint"][0]  # notebook 05's path

@@ -522,3 +522,15 @@ def test_settings_refuse_a_zero_interval_by_name(field):
 
     with pytest.raises(DraftlabError, match=f"{field}=0: must be at least 1"):
         Settings(**{field: 0})
+
+
+def test_compare_reads_both_trainers_checkpoints_on_the_same_packs(tiny, data, speculators_save, tmp_path):
+    from draftlab.checkpoint import compare
+
+    root, _ = speculators_save
+    d = make(tiny, data)
+    run = train(d, data, Settings(**{**S, "steps": 2}), tmp_path / "run", progress=False)
+    got = compare({"draftlab": run / "final", "speculators": root}, d, data / "eval", S["pack_len"])
+    assert got["draftlab"]["checkpoint"] == str(run / "final") and got["speculators"]["checkpoint"] == str(root / "2")
+    assert all(0.0 <= r["eval first-position accuracy"] <= 1.0 and r["eval loss"] > 0 for r in got.values())
+    assert got["draftlab"]["eval loss"] != got["speculators"]["eval loss"]  # different weights, different numbers

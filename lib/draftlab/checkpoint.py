@@ -169,3 +169,21 @@ def reload_check(like: Draft, path: Path, batch: dict) -> dict:
     tokens_same = t1 is None and t2 is None or all(torch.equal(a, b) for a, b in zip(t1, t2, strict=True))  # DFlash returns None
     same = l1.item() == l2.item() and tokens_same and all(torch.equal(m1[k], m2[k]) for k in m1)
     return {"loss": l1.item(), "reloaded loss": l2.item(), "identical tensors": same_tensors, "identical outputs": same}
+
+
+def compare(paths: dict, like: Draft, eval_dir: Path, pack_len: int) -> dict:
+    """Checkpoints of one draft kind from either trainer (draftlab's `final/`, a speculators `--save-path`)
+    on the same held-out packs, so a user switching trainers compares like with like. A speculators save
+    is read at its last epoch: the same optimizer steps as a finished draftlab run (its checkpoint_best
+    is chosen on speculators' own 10% split)."""
+    from draftlab import launch, train
+    from draftlab.train_data import Packs, open_split
+
+    packs = Packs(like, open_split(like, eval_dir, pack_len), pack_len, 0)
+    out = {}
+    for name, path in paths.items():
+        found = launch.find_checkpoint(path, "last")
+        r = train.evaluate(reload(found, like), packs)
+        out[name] = {"checkpoint": str(found), "eval first-position accuracy": train.first_accuracy(like.kind, r),
+                     "eval loss": r["loss"], **{f"position {k}": a for k, a in train.position_accuracies(like.kind, r).items()}}
+    return out
