@@ -143,15 +143,6 @@ def test_dtype_mismatch_is_a_clear_error_or_a_documented_cast(tiny, eagle, data_
         build_eagle3(tiny, data_dir, dtype="bfloat16")  # verifier and stored states are float32
 
 
-def test_auto_dtype_is_the_loaded_verifiers(tiny_dir):
-    """dtype='auto' follows a verifier loaded in another dtype than the device's default (an fp32 verifier
-    on CUDA, a bf16 one on CPU) instead of refusing the pair it picked itself."""
-    from draftlab.verifier import load_verifier
-
-    v = load_verifier(tiny_dir, device="cpu", dtype="bfloat16")
-    assert build_eagle3(v, None).dtype == torch.bfloat16
-
-
 def test_verify_refuses_nan_left_by_speculators(eagle):
     w = eagle.model.norm.weight.data
     keep = w.clone()

@@ -130,8 +130,9 @@ def test_a_dtype_mismatch_names_the_dtype_to_pass(tiny_dir):
     from draftlab.draft import build_eagle3
 
     v = load_verifier(tiny_dir, device="cpu", dtype="bfloat16")
-    with pytest.raises(DraftlabError, match=r"draft dtype float32 \(from dtype='auto' on cpu\) differs from the verifier's bfloat16; build with dtype='bfloat16'"):
-        build_eagle3(v, None)
+    with pytest.raises(DraftlabError, match=r"draft dtype float32 \(from dtype='float32' on cpu\) differs from the verifier's bfloat16; build with dtype='bfloat16'"):
+        build_eagle3(v, None, dtype="float32")
+    assert build_eagle3(v, None).dtype == v.dtype  # 'auto' is the loaded verifier's dtype
 
 
 def test_the_fingerprint_sees_other_weights_of_the_same_shape_and_is_cached(tiny_dir, tmp_path):
