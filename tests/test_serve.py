@@ -38,24 +38,37 @@ def test_the_vllm_environment_imports_vllm_and_its_cli_runs():
     assert unavailable() is None
 
 
+def _engine_processes(verifier_path) -> list:
+    from pathlib import Path
+
+    def cmdline(c):
+        try:
+            return c.read_bytes().decode(errors="replace")
+        except OSError:  # the process ended while we looked
+            return ""
+
+    return [c for c in Path("/proc").glob("[0-9]*/cmdline") if str(verifier_path) in cmdline(c)]
+
+
 def test_served_draft_gives_the_verifiers_greedy_output_and_vllms_counters(serve_verifier, draft_dir, tmp_path):
+    """served.measure starts the verifier alone and with the draft together, serves each in turn, stops both."""
     from draftlab.accept_eval import run_prompts, summarize, verifier_greedy
     from draftlab.proposers import load_draft, make_proposer
 
     v, prompts = serve_verifier, _prompts(serve_verifier)
     refs = [verifier_greedy(v, p["ids"], N_NEW) for p in prompts]
-    with Server(v.path, draft_dir, K, log_path=tmp_path / "vllm.log", max_model_len=256) as s:
-        pgid = s.proc.pid
-        assert s.logged_aux_layers() == s.draft_cfg["eagle_aux_hidden_state_layer_ids"]
-        assert [s.tokenize(p["text"]) for p in prompts] == [p["ids"] for p in prompts]
-        run = served.workload(s, prompts, N_NEW)
-    assert s.proc.poll() is not None and group_members(pgid) == [], "the server and its engine processes are gone"
-    assert [o["token_ids"] for o in run["outputs"]] == refs, "greedy with the draft is the verifier's own greedy text (fp32)"
-    got = served.served_metrics(run["counts"])
-    assert got["drafts"] > 0 and got["draft_tokens"] == K * got["drafts"] and len(run["counts"]["per_pos"]) == K
-    assert got["tau"] == pytest.approx(1 + got["accepted"] / got["drafts"])
+    got = served.measure(v, {"eagle3": draft_dir}, prompts, K, N_NEW, tmp_path)
+    assert got["available"] and got["started_together"] == 2 and list(got["runs"]) == ["verifier alone", "eagle3"], got
+    assert _engine_processes(v.path) == [], "both servers and their engine processes are gone"
+    alone, run = got["runs"]["verifier alone"], got["runs"]["eagle3"]
+    assert run["aux_layers_logged"] == run["aux_layers_checkpoint"] and len(run["aux_layers_checkpoint"]) == 3
+    assert alone["vllm_prompt_ids"] == [p["ids"] for p in prompts]
+    assert [o["token_ids"] for o in alone["outputs"]] == [o["token_ids"] for o in run["outputs"]] == refs, \
+        "greedy with the draft is the verifier's own greedy text (fp32)"
+    assert alone["counts"]["drafts"] == 0 and run["drafts"] > 0 and run["draft_tokens"] == K * run["drafts"]
+    assert len(run["counts"]["per_pos"]) == K and run["tau"] == pytest.approx(1 + run["accepted"] / run["drafts"])
     loop = summarize(run_prompts(v, make_proposer(load_draft(draft_dir, v), v.vocab_size), prompts, K, N_NEW), K)["all"]
-    assert abs(got["tau"] / loop["tau"] - 1) <= served.GAP_WARN, (got, loop)
+    assert abs(run["tau"] / loop["tau"] - 1) <= served.GAP_WARN, (run, loop)
 
 
 def test_a_missing_checkpoint_is_refused_before_any_process(serve_dir, tmp_path):
@@ -111,15 +124,7 @@ def test_a_verifier_vllm_cannot_serve_leaves_the_rest_of_stage_05_running(tiny):
     """The shared tiny verifier has head_dim 8, which vLLM's CPU attention does not take."""
     got = served.measure(tiny, {}, [{"id": "p", "text": "hello", "ids": [5, 6, 7]}], K, 4, tiny.path.parent / "served-logs")
     assert got["available"] is False and got["reason"].startswith("vLLM could not serve the verifier: vLLM "), got
-    from pathlib import Path
-
-    def cmdline(c):
-        try:
-            return c.read_bytes().decode(errors="replace")
-        except OSError:  # the process ended while we looked
-            return ""
-
-    left = [c for c in Path("/proc").glob("[0-9]*/cmdline") if str(tiny.path) in cmdline(c)]
+    left = _engine_processes(tiny.path)
     assert left == [], "the server that could not serve is stopped"
     assert served.report(tiny, [], [], got, {}, {}) == {} and served.for_metrics(got, {}) == {"available": False, "reason": got["reason"]}
 

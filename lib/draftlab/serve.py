@@ -202,18 +202,28 @@ class Server:
         self.stop()
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process, not waiting for it. Call it from the thread that outlives the server: the parent-death
+        signal fires when the launching *thread* ends, so a server launched from a worker thread dies with it."""
         vllm_executable()  # no vLLM environment: say so before anything starts
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env={**server_env(), **self.extra_env}, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def wait_ready(self) -> None:
+        """Until /health answers (startup_s then holds the seconds since launch); on an error or an interrupt the
+        server is stopped, so none is left behind."""
         try:
             self._wait_ready()
-        except BaseException:  # an error or an interrupt while waiting: no server is left behind
+        except BaseException:
             self.stop()
             raise
-        self.startup_s = time.perf_counter() - t0
+        self.startup_s = time.perf_counter() - self._t0
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout

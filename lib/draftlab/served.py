@@ -99,31 +99,73 @@ def workload(server: Server, prompts: list[dict], max_tokens: int) -> dict:
 def measure(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_tokens: int, log_dir: Path) -> dict:
     """The verifier served alone, then with each draft, on the same prompts at the same k.
 
-    Returns {"available": False, "reason": ...} where vLLM cannot run; a draft vLLM cannot serve gets
-    {"error": <vLLM's reason>} and the others go on."""
+    The servers start together and serve one after the other: a start is three processes importing
+    vLLM in turn on one core each (about 45 s here), and an idle server takes no CPU, so starting them
+    at once costs about the time of the slowest start instead of their sum (BENCHMARKS.md). Every
+    server is stopped on every path. Returns {"available": False, "reason": ...} where vLLM cannot run;
+    a draft vLLM cannot serve gets {"error": <vLLM's reason>} and the others go on."""
     reason = unavailable()
     if reason:
         return {"available": False, "reason": reason}
     dtype = str(verifier.dtype).removeprefix("torch.")
     common = {"dtype": dtype, "device": str(verifier.device), "max_model_len": model_len(prompts, max_tokens, k)}
-    runs: dict = {}
+    servers, runs = {}, {}
     try:
-        with Server(verifier.path, None, log_path=Path(log_dir) / "vllm-verifier.log", **common) as s:
+        servers["verifier alone"] = Server(verifier.path, None, log_path=Path(log_dir) / "vllm-verifier.log", **common)
+        for kind, path in drafts.items():
+            try:
+                servers[kind] = Server(verifier.path, path, k, log_path=Path(log_dir) / f"vllm-{kind}.log", **common)
+            except DraftlabError as e:  # a checkpoint the pair check refuses: no server for it
+                runs[kind] = {"error": str(e).splitlines()[0]}
+        started = start_together(servers)
+        s = servers["verifier alone"]
+        try:  # e.g. a model family this vLLM build cannot serve: the rest of stage 05 goes on
+            if started["verifier alone"] is not None:
+                raise started["verifier alone"]
             runs["verifier alone"] = workload(s, prompts, max_tokens)
             runs["verifier alone"]["vllm_prompt_ids"] = [s.tokenize(p["text"]) for p in prompts]
-    except DraftlabError as e:  # e.g. a model family this vLLM build cannot serve: the rest of stage 05 goes on
-        return {"available": False, "reason": f"vLLM could not serve the verifier: {str(e).splitlines()[0]}"}
-    for kind, path in drafts.items():
-        try:
-            with Server(verifier.path, path, k, log_path=Path(log_dir) / f"vllm-{kind}.log", **common) as s:
+        except DraftlabError as e:
+            return {"available": False, "reason": f"vLLM could not serve the verifier: {str(e).splitlines()[0]}"}
+        s.stop()
+        for kind in drafts:
+            if kind in runs:
+                continue
+            s = servers[kind]
+            try:
+                if started[kind] is not None:
+                    raise started[kind]
                 run = workload(s, prompts, max_tokens)
                 run.update(served_metrics(run["counts"]), aux_layers_logged=s.logged_aux_layers(),
                            aux_layers_checkpoint=aux_layer_ids(s.draft_cfg), draft_vocab_size=s.draft_cfg.get("draft_vocab_size"),
                            command=s.command)
+            except DraftlabError as e:
+                run = {"error": str(e).splitlines()[0]}
+            runs[kind] = run
+            s.stop()
+    finally:
+        for s in servers.values():
+            s.stop()
+    return {"available": True, "k": k, "dtype": dtype, "max_tokens": max_tokens, "started_together": len(servers),
+            "runs": {kind: runs[kind] for kind in ["verifier alone", *drafts]}}
+
+
+def start_together(servers: dict[str, Server]) -> dict[str, DraftlabError | None]:
+    """Launch every server from this thread (their parent-death signal follows the launching thread), then wait
+    for all at once; per name None, or the DraftlabError its start raised (a failed start leaves no process
+    behind). Any other exception, an interrupt included, propagates to the caller, who stops every server."""
+    for s in servers.values():
+        s.launch()
+
+    def ready(s: Server):
+        try:
+            s.wait_ready()
         except DraftlabError as e:
-            run = {"error": str(e).splitlines()[0]}
-        runs[kind] = run
-    return {"available": True, "k": k, "dtype": dtype, "max_tokens": max_tokens, "runs": runs}
+            return e
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(len(servers), 1)) as pool:
+        futures = {name: pool.submit(ready, s) for name, s in servers.items()}
+        return {name: f.result() for name, f in futures.items()}
 
 
 def model_len(prompts, max_tokens, k) -> int:
