@@ -31,7 +31,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", default="smollm2-default")
     ap.add_argument("--prompts", type=int, default=32, help="prompts of the split; 0 for all")
-    ap.add_argument("--prompts-from", default=None, help="dataset whose prompts.jsonl gives the prompts (default: --dataset)")
+    ap.add_argument(
+        "--prompts-from", default=None, help="dataset whose prompts.jsonl gives the prompts (default: --dataset)"
+    )
     ap.add_argument("--kinds", default="ngram,eagle3,dflash", help="proposers to measure, comma-separated")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--split", default="bench", help="bench (what numbers are quoted on) or eval (tuned on)")
@@ -39,8 +41,13 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--draft", action="append", default=[], metavar="NAME=PATH",
-                    help="also measure this checkpoint (final/, an epoch folder, or a speculators --save-path)")
+    ap.add_argument(
+        "--draft",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also measure this checkpoint (final/, an epoch folder, or a speculators --save-path)",
+    )
     args = ap.parse_args()
     v = load_verifier("smollm2", device=args.device, dtype=args.dtype)
     run_dir = config.data_dir() / "runs" / args.dataset
@@ -52,14 +59,30 @@ def main():
     paths = {**{k: p for k, p in paths.items() if p is not None}, **dict(d.split("=", 1) for d in args.draft)}
     drafts = {name: load_draft(path, v) for name, path in paths.items()}
     proposers.update({name: make_proposer(d, v.vocab_size) for name, d in drafts.items()})
-    out = {"dataset": args.dataset, "prompts_from": args.prompts_from or args.dataset, "split": args.split, "prompts": len(prompts), "k": args.k, "topology": "chain", "temperature": 0.0,
-           "max_new_tokens": args.max_new_tokens, "hardware": hardware(v.device),
-           "drafts": {name: d.choices["checkpoint"][0] for name, d in drafts.items()}, "results": {}}
+    out = {
+        "dataset": args.dataset,
+        "prompts_from": args.prompts_from or args.dataset,
+        "split": args.split,
+        "prompts": len(prompts),
+        "k": args.k,
+        "topology": "chain",
+        "temperature": 0.0,
+        "max_new_tokens": args.max_new_tokens,
+        "hardware": hardware(v.device),
+        "drafts": {name: d.choices["checkpoint"][0] for name, d in drafts.items()},
+        "results": {},
+    }
     for name, prop in proposers.items():
         t0 = time.perf_counter()
         s = summarize(run_prompts(v, prop, prompts, args.k, args.max_new_tokens), args.k)
-        out["results"][name] = {src: {"tau": round(m["tau"], 3), "acceptance_rate": round(m["acceptance_rate"], 3),
-                                      "alpha_n": [None if a is None else round(a, 3) for a in m["alpha_n"]]} for src, m in s.items()}
+        out["results"][name] = {
+            src: {
+                "tau": round(m["tau"], 3),
+                "acceptance_rate": round(m["acceptance_rate"], 3),
+                "alpha_n": [None if a is None else round(a, 3) for a in m["alpha_n"]],
+            }
+            for src, m in s.items()
+        }
         out["results"][name]["wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(out, indent=1))
     if args.out:

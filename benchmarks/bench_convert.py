@@ -22,13 +22,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-CHILD = ("import sys, time; from draftlab.verifier import convert_embedded; t = time.perf_counter(); "
-         "convert_embedded(sys.argv[1], parse_once=sys.argv[2] == '1'); print('SECONDS', time.perf_counter() - t)")
+CHILD = (
+    "import sys, time; from draftlab.verifier import convert_embedded; t = time.perf_counter(); "
+    "convert_embedded(sys.argv[1], parse_once=sys.argv[2] == '1'); print('SECONDS', time.perf_counter() - t)"
+)
 
 
 def convert(dest: Path, parse_once: bool) -> float:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(dest), str(int(parse_once))],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(dest), str(int(parse_once))], capture_output=True, text=True, check=True
+    ).stdout
     return float(out.split("SECONDS")[-1])
 
 
@@ -36,8 +39,11 @@ def same(a: Path, b: Path) -> bool:
     ta, tb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
     tensors = ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
     files = sorted(p.name for p in a.iterdir())
-    return tensors and files == sorted(p.name for p in b.iterdir()) and all(
-        filecmp.cmp(a / f, b / f, shallow=False) for f in files if f != "model.safetensors")
+    return (
+        tensors
+        and files == sorted(p.name for p in b.iterdir())
+        and all(filecmp.cmp(a / f, b / f, shallow=False) for f in files if f != "model.safetensors")
+    )
 
 
 def main() -> None:
@@ -47,14 +53,16 @@ def main() -> None:
     times: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            for parse_once in ((False, True) if r % 2 == 0 else (True, False)):
+            for parse_once in (False, True) if r % 2 == 0 else (True, False):
                 dest = Path(tmp) / f"{r}-{int(parse_once)}"
                 times[parse_once].append(convert(dest, parse_once))
                 print(f"repeat {r}: parse_once={parse_once} {times[parse_once][-1]:.1f} s", flush=True)
         identical = all(same(Path(tmp) / f"{r}-0", Path(tmp) / f"{r}-1") for r in range(args.repeats))
     old, new = statistics.median(times[False]), statistics.median(times[True])
-    print(f"\n{platform.node()} {time.strftime('%Y-%m-%d')} {torch.get_num_threads()} threads, "
-          f"{args.repeats} repeats, fresh process each\n")
+    print(
+        f"\n{platform.node()} {time.strftime('%Y-%m-%d')} {torch.get_num_threads()} threads, "
+        f"{args.repeats} repeats, fresh process each\n"
+    )
     print("| conversion | median (s) | runs (s) |\n| --- | --- | --- |")
     for name, key in (("transformers' path", False), ("parsed once (draftlab)", True)):
         print(f"| {name} | {statistics.median(times[key]):.1f} | {', '.join(f'{t:.1f}' for t in times[key])} |")

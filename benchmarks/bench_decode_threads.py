@@ -32,7 +32,12 @@ def main() -> None:
         path = trained_draft(run_dir / "drafts" / kind)
         if path is not None:
             proposers[kind] = make_proposer(load_draft(path, v), v.vocab_size)
-    print("| torch threads | greedy references (s) | " + " | ".join(f"{n} (s)" for n in proposers) + " |\n|" + " --- |" * (len(proposers) + 2))
+    print(
+        "| torch threads | greedy references (s) | "
+        + " | ".join(f"{n} (s)" for n in proposers)
+        + " |\n|"
+        + " --- |" * (len(proposers) + 2)
+    )
     for n in args.threads:
         torch.set_num_threads(n)
         t0 = time.perf_counter()
@@ -41,7 +46,10 @@ def main() -> None:
         refs = time.perf_counter() - t0
         _, seconds = run_all(v, proposers, prompts, 5, args.max_new_tokens)
         print(f"| {n} | {refs:.1f} | " + " | ".join(f"{seconds[k]:.1f}" for k in proposers) + " |")
-    print(hardware(v.device), f"{len(prompts)} bench prompts of {args.dataset}, {args.max_new_tokens} new tokens, chain k 5, greedy, fp32")
+    print(
+        hardware(v.device),
+        f"{len(prompts)} bench prompts of {args.dataset}, {args.max_new_tokens} new tokens, chain k 5, greedy, fp32",
+    )
 
 
 if __name__ == "__main__":

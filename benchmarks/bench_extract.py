@@ -60,7 +60,9 @@ def main():
     layer_ids = default_layer_ids(v.num_layers)
     res = {"plain": [], "decoder": [], "extract": []}
     with tempfile.TemporaryDirectory() as tmp:
-        ds = save_split({"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows]}, v.tokenizer, Path(tmp) / "ds", args.length)
+        ds = save_split(
+            {"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows]}, v.tokenizer, Path(tmp) / "ds", args.length
+        )
         forward_tps(v, rows[: args.batch_size], args.batch_size, False)  # warm-up
         for r in range(args.repeats):
             res["plain"].append(forward_tps(v, by_len, args.batch_size, False))
@@ -73,9 +75,15 @@ def main():
     med = {k: statistics.median(x) for k, x in res.items()}
     ratio_plain = statistics.median(e / p for e, p in zip(res["extract"], res["plain"], strict=True))
     ratio_dec = statistics.median(e / p for e, p in zip(res["extract"], res["decoder"], strict=True))
-    dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.processor() or 'cpu'} x{torch.get_num_threads()} threads"
-    print(f"\nverifier {v.path.name}, {v.dtype}, {dev}; {args.rows} rows of {args.length // 2}-{args.length} tokens, "
-          f"batch {args.batch_size}, layers {layer_ids}+final, {args.repeats} repeats")
+    dev = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"{platform.processor() or 'cpu'} x{torch.get_num_threads()} threads"
+    )
+    print(
+        f"\nverifier {v.path.name}, {v.dtype}, {dev}; {args.rows} rows of {args.length // 2}-{args.length} tokens, "
+        f"batch {args.batch_size}, layers {layer_ids}+final, {args.repeats} repeats"
+    )
     print("| measure | median tokens/s |")
     print("| --- | --- |")
     print(f"| plain forward (causal LM, logits) | {med['plain']:.0f} |")

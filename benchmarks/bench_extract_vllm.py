@@ -48,41 +48,71 @@ def main():
     rows = [list(map(int, r)) for r in ds.with_format(None)["input_ids"][:n]]
     v = load_verifier(args.verifier, device=args.device, dtype=args.dtype)
     layer_ids = args.layer_ids or default_layer_ids(v.num_layers)
-    res = {"rows": n, "tokens": sum(map(len, rows)), "layer_ids": layer_ids, "vllm": vllm_version(),
-           "machine": torch.cuda.get_device_name() if args.device.startswith("cuda") else
-           f"{platform.processor() or 'cpu'} x{torch.get_num_threads()} threads"}
+    res = {
+        "rows": n,
+        "tokens": sum(map(len, rows)),
+        "layer_ids": layer_ids,
+        "vllm": vllm_version(),
+        "machine": torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"{platform.processor() or 'cpu'} x{torch.get_num_threads()} threads",
+    }
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         st = extract(v, ds, tmp / "hf", layer_ids, batch_size=args.batch_size, max_samples=n, progress=False)
         res["transformers"] = {"seconds": round(st.seconds, 2), "tokens_per_s": round(st.tokens_per_s, 1)}
-        s = extract_vllm.extraction_server(v.path, layer_ids, tmp / "store", dtype=args.dtype, device=args.device,
-                                           log_path=args.log or tmp / "vllm.log", connector=args.connector)
+        s = extract_vllm.extraction_server(
+            v.path,
+            layer_ids,
+            tmp / "store",
+            dtype=args.dtype,
+            device=args.device,
+            log_path=args.log or tmp / "vllm.log",
+            connector=args.connector,
+        )
         res["command"], res["connector"] = shlex.join(s.command), s.connector
         res["stock_connector_problem"] = extract_vllm.connector_problem()
         with s:
             extract_vllm.extract(s, rows[:1], tmp / "warmup", args.concurrency)
             t0 = time.perf_counter()
             got = extract_vllm.extract(s, rows, tmp / "vllm", args.concurrency)
-            res["vllm_run"] = {"seconds": got["seconds"], "tokens_per_s": got["tokens_per_s"], "server_start_s": round(s.startup_s, 1),
-                               "wall_s": round(time.perf_counter() - t0, 2)}
+            res["vllm_run"] = {
+                "seconds": got["seconds"],
+                "tokens_per_s": got["tokens_per_s"],
+                "server_start_s": round(s.startup_s, 1),
+                "wall_s": round(time.perf_counter() - t0, 2),
+            }
         res["check_against_files"] = extract_vllm.check(v, rows, tmp / "vllm", layer_ids, reference_dir=tmp / "hf")
         res["check_against_forward"] = extract_vllm.check(v, rows, tmp / "vllm", layer_ids)
 
     c = res["check_against_files"]
-    print(f"\nverifier {v.path.name}, {v.dtype}, {res['machine']}, vLLM {res['vllm']} ({res['connector']} connector); "
-          f"{n} rows, {res['tokens']} tokens; layers {layer_ids}+final")
+    print(
+        f"\nverifier {v.path.name}, {v.dtype}, {res['machine']}, vLLM {res['vllm']} ({res['connector']} connector); "
+        f"{n} rows, {res['tokens']} tokens; layers {layer_ids}+final"
+    )
     print(f"command: {res['command']}")
     print("| engine | seconds | tokens/s | server start (s) |\n| --- | --- | --- | --- |")
-    print(f"| transformers hooks (batch {args.batch_size}) | {res['transformers']['seconds']} | {res['transformers']['tokens_per_s']} | - |")
-    print(f"| vLLM extract_hidden_states ({args.concurrency} in flight) | {res['vllm_run']['seconds']} | "
-          f"{res['vllm_run']['tokens_per_s']} | {res['vllm_run']['server_start_s']} |")
-    print("| slot | draftlab id | max rel. error vs draftlab's files | vs a fresh forward | nearest verifier id (row 0) | runner-up |")
+    print(
+        f"| transformers hooks (batch {args.batch_size}) | "
+        f"{res['transformers']['seconds']} | {res['transformers']['tokens_per_s']} | - |"
+    )
+    print(
+        f"| vLLM extract_hidden_states ({args.concurrency} in flight) | {res['vllm_run']['seconds']} | "
+        f"{res['vllm_run']['tokens_per_s']} | {res['vllm_run']['server_start_s']} |"
+    )
+    print(
+        "| slot | draftlab id | max rel. error vs draftlab's files | "
+        "vs a fresh forward | nearest verifier id (row 0) | runner-up |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     f = res["check_against_forward"]["max_relative_error"]
     for i, sid in enumerate(c["slots"]):
         near, up = c["nearest"][i], c["runner_up"][i]
-        print(f"| {i} | {sid} | {c['max_relative_error'][i]:.1e} | {f[i]:.1e} | {near['layer']} ({near['relative_error']:.1e}) | "
-              f"{up['layer']} ({up['relative_error']:.2g}) |")
+        print(
+            f"| {i} | {sid} | {c['max_relative_error'][i]:.1e} | "
+            f"{f[i]:.1e} | {near['layer']} ({near['relative_error']:.1e}) | "
+            f"{up['layer']} ({up['relative_error']:.2g}) |"
+        )
     print("problems:", c["problems"] + res["check_against_forward"]["problems"] or "none")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -24,7 +24,7 @@ One row per engine: new tokens, generation seconds (the vLLM server's start-up a
 many answers are the same text as the first engine's, and how on-policy the text is for the fp32
 verifier that writes the hidden states: the share of answer tokens (as stage 01 tokenises them for
 training) that are its own greedy choice, teacher-forced.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -39,16 +39,30 @@ import torch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, nargs="+", help="batch sizes (default 60 120; with --engines the profile's gen_batch_size)")
+    ap.add_argument(
+        "--batch", type=int, nargs="+", help="batch sizes (default 60 120; with --engines the profile's gen_batch_size)"
+    )
     ap.add_argument("--threads", type=int, nargs="+", default=[2, 1])
     ap.add_argument("--new", "--max-new-tokens", type=int, default=96, help="new tokens per prompt")
-    ap.add_argument("--attention", nargs="+", default=[None], help="attention implementations to compare (default: as loaded)")
+    ap.add_argument(
+        "--attention", nargs="+", default=[None], help="attention implementations to compare (default: as loaded)"
+    )
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--sample", type=float, default=0.0, help="sampling temperature (stage 01's extra answers); 0: greedy")
-    ap.add_argument("--prompts", type=int, nargs="+", default=[200, 0], metavar="N",
-                    help="prompt set: n_chat n_code; with --engines one number, the first N prompts of --profile's set")
-    ap.add_argument("--engines", nargs="+", metavar="ENGINE:DTYPE", help="stage 01's path per engine, e.g. hf:float32 vllm:bfloat16")
+    ap.add_argument(
+        "--sample", type=float, default=0.0, help="sampling temperature (stage 01's extra answers); 0: greedy"
+    )
+    ap.add_argument(
+        "--prompts",
+        type=int,
+        nargs="+",
+        default=[200, 0],
+        metavar="N",
+        help="prompt set: n_chat n_code; with --engines one number, the first N prompts of --profile's set",
+    )
+    ap.add_argument(
+        "--engines", nargs="+", metavar="ENGINE:DTYPE", help="stage 01's path per engine, e.g. hf:float32 vllm:bfloat16"
+    )
     ap.add_argument("--profile", default="default", help="with --engines: whose prompts and gen_batch_size")
     args = ap.parse_args()
     if args.engines:
@@ -63,7 +77,10 @@ def main() -> None:
     train = [p for p in prompts.load_prompts(*args.prompts[:2], 0.15) if p.split == "train"]
     seqs = [prompts._chat_ids(tok, p.text) for p in train]
     seqs = [seqs[i % len(seqs)] for i in range(max(max(args.batch), len(seqs)))]
-    print("| torch threads | attention | batch | prompt tokens (mean / max) | wall (s) | ms per decode step | generated tokens / s | row-steps / s |")
+    print(
+        "| torch threads | attention | batch | prompt tokens (mean / max) | "
+        "wall (s) | ms per decode step | generated tokens / s | row-steps / s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     first: dict = {}
     for threads, b, _, impl in itertools.product(args.threads, args.batch, range(args.repeats), args.attention):
@@ -71,13 +88,21 @@ def main() -> None:
         if impl:
             v.model.set_attn_implementation(impl)
         batch = seqs[:b]
-        padded = tok.pad({"input_ids": batch}, padding_side="left", return_tensors="pt").to(v.device)  # as prompts.generate_responses
+        padded = tok.pad({"input_ids": batch}, padding_side="left", return_tensors="pt").to(
+            v.device
+        )  # as prompts.generate_responses
         width = padded["input_ids"].shape[1]
-        sample = dict(do_sample=True, temperature=args.sample, top_p=None, top_k=None) if args.sample else dict(do_sample=False)
+        sample = (
+            dict(do_sample=True, temperature=args.sample, top_p=None, top_k=None)
+            if args.sample
+            else dict(do_sample=False)
+        )
         torch.manual_seed(0)
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = v.model.generate(**padded, max_new_tokens=args.new, pad_token_id=tok.pad_token_id, **sample)[:, width:]
+            out = v.model.generate(**padded, max_new_tokens=args.new, pad_token_id=tok.pad_token_id, **sample)[
+                :, width:
+            ]
         if v.device.type == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
@@ -85,8 +110,11 @@ def main() -> None:
             print(f"attention {impl} generated other tokens than {args.attention[0]} at batch {b}")
         real = int((out != tok.pad_token_id).sum())
         mean = sum(map(len, batch)) / len(batch)
-        print(f"| {threads} | {v.model.config._attn_implementation} | {len(batch)} | {mean:.0f} / {width} | {wall:.1f} | "
-              f"{wall / out.shape[1] * 1000:.0f} | {real / wall:.0f} | {len(batch) * out.shape[1] / wall:.0f} |", flush=True)
+        print(
+            f"| {threads} | {v.model.config._attn_implementation} | {len(batch)} | {mean:.0f} / {width} | {wall:.1f} | "
+            f"{wall / out.shape[1] * 1000:.0f} | {real / wall:.0f} | {len(batch) * out.shape[1] / wall:.0f} |",
+            flush=True,
+        )
 
 
 def compare_engines(args) -> None:
@@ -96,37 +124,57 @@ def compare_engines(args) -> None:
 
     prof = config.load_profile(args.profile)
     v = load_verifier(prof["verifier"], device=args.device, dtype="float32")
-    ps = prompts.load_prompts(prof["n_chat"], prof["n_code"], prof["eval_fraction"], prof["n_sharegpt"], prof["bench_fraction"],
-                              prof["max_prompt_chars"])[: args.prompts[0]]
+    ps = prompts.load_prompts(
+        prof["n_chat"],
+        prof["n_code"],
+        prof["eval_fraction"],
+        prof["n_sharegpt"],
+        prof["bench_fraction"],
+        prof["max_prompt_chars"],
+    )[: args.prompts[0]]
     batch = args.batch[0] if args.batch else prof["gen_batch_size"]
-    print(f"{len(ps)} prompts of the {args.profile} profile, {args.new} new tokens, {'T=' + str(args.sample) if args.sample else 'greedy'}, "
-          f"batch / requests in flight {batch}, torch threads {torch.get_num_threads()}")
-    print("| engine | answers dtype | new tokens | generation (s) | tokens / s | server start-up (s) | answers identical to the first row | "
-          "answer tokens = fp32 verifier's greedy choice |")
+    print(
+        f"{len(ps)} prompts of the {args.profile} profile, {args.new} new tokens, "
+        f"{'T=' + str(args.sample) if args.sample else 'greedy'}, "
+        f"batch / requests in flight {batch}, torch threads {torch.get_num_threads()}"
+    )
+    print(
+        "| engine | answers dtype | new tokens | generation (s) | tokens "
+        "/ s | server start-up (s) | answers identical to the first row | "
+        "answer tokens = fp32 verifier's greedy choice |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     first = None
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
         for spec in args.engines:
             name, _, dtype = spec.partition(":")
             with Engine(v, name, dtype or "auto", log_path=Path(tmp) / f"{name}-{dtype}.log") as eng:
-                got = generate_responses(v, ps, Path(tmp) / f"{name}-{dtype}.jsonl", args.new, args.sample, batch, engine=eng)
+                got = generate_responses(
+                    v, ps, Path(tmp) / f"{name}-{dtype}.jsonl", args.new, args.sample, batch, engine=eng
+                )
             s = eng.summary()
             first = first or got
             same = sum(got[p.id] == first[p.id] for p in ps)
-            print(f"| {s['engine']} | {s['answers dtype']} | {s['new tokens']} | {s['generation s']:.1f} | {s['tokens/s']:.0f} | "
-                  f"{s['server start-up s']:.1f} | {same}/{len(ps)} | {on_policy(v, ps, got):.2%} |", flush=True)
+            print(
+                f"| {s['engine']} | {s['answers dtype']} | {s['new tokens']} "
+                f"| {s['generation s']:.1f} | {s['tokens/s']:.0f} | "
+                f"{s['server start-up s']:.1f} | {same}/{len(ps)} | {on_policy(v, ps, got):.2%} |",
+                flush=True,
+            )
 
 
 @torch.no_grad()
 def on_policy(v, ps, answers: dict[str, str]) -> float:
     """Share of the answers' tokens (as stage 01 tokenises them for training, the template's end of turn left out) that are
-    the verifier's argmax in context, teacher-forced."""
+    the verifier's argmax in context, teacher-forced."""  # noqa: E501
     from draftlab.dataset import tokenize_conversation
 
     hit = total = 0
     for p in ps:
         ids, mask = tokenize_conversation(v.tokenizer, p.text, answers[p.id])
-        closing = sum(tokenize_conversation(v.tokenizer, p.text, "")[1])  # the template's end of turn: not the answer's text
+        closing = sum(
+            tokenize_conversation(v.tokenizer, p.text, "")[1]
+        )  # the template's end of turn: not the answer's text
         x = torch.tensor([ids], device=v.device)
         pred = v.model(input_ids=x).logits[0, :-1].argmax(-1)
         sup = torch.tensor(mask[1:], device=v.device).bool()

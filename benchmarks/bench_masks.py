@@ -54,15 +54,17 @@ def main():
     doc, loss = pack["document_ids"][0].to(args.device), pack["loss_mask"][0].to(args.device)
     rows = []
     cases = {
-        f"DFlash block mask ({args.seq_len} tokens, {args.anchors} anchors, block {args.block_size})":
-            lambda b: masks.dflash_block_mask(doc, loss, args.anchors, args.block_size, device=args.device, builder=b),
-        f"EAGLE-3 TTT masks ({args.seq_len} tokens, {args.ttt_steps} steps)":
-            lambda b: masks.eagle3_block_mask(doc, args.ttt_steps - 1, device=args.device, builder=b),
+        f"DFlash block mask ({args.seq_len} tokens, {args.anchors} anchors, block {args.block_size})": lambda b: (
+            masks.dflash_block_mask(doc, loss, args.anchors, args.block_size, device=args.device, builder=b)
+        ),
+        f"EAGLE-3 TTT masks ({args.seq_len} tokens, {args.ttt_steps} steps)": lambda b: masks.eagle3_block_mask(
+            doc, args.ttt_steps - 1, device=args.device, builder=b
+        ),
     }
     for label, builder in (("eager", create_block_mask), ("compiled", torch.compile(create_block_mask))):
         for name, build in cases.items():
             try:
-                rows.append((f"{name}, {label}", f"{timed(lambda: build(builder), args.device, args.repeats):.1f}"))
+                rows.append((f"{name}, {label}", f"{timed(lambda: build(builder), args.device, args.repeats):.1f}"))  # noqa: B023 (called at once)
             except Exception as e:  # noqa: BLE001 (a builder that fails here is a result too)
                 rows.append((f"{name}, {label}", f"fails: {type(e).__name__}"))
 
@@ -73,13 +75,21 @@ def main():
         plt.close(fig)
 
     small = masks.eagle3_mask(masks.synthetic_pack(document_lengths(1024, 5), 1024)["document_ids"], 0)
-    rows.append(("token-level heatmap 1024 x 1024, rendered (CPU)", f"{timed(lambda: render(small), 'cpu', 5, warmup=1):.1f}"))
+    rows.append(
+        ("token-level heatmap 1024 x 1024, rendered (CPU)", f"{timed(lambda: render(small), 'cpu', 5, warmup=1):.1f}")
+    )
     # A training-size mask, drawn as notebook 02 draws it (averaged over screen cells) and token by token.
     large = masks.eagle3_mask(doc.cpu(), args.ttt_steps - 1)
-    name = f"token-level heatmap {large.q_len} x {large.kv_len} (EAGLE-3, TTT step {args.ttt_steps - 1}), rendered (CPU)"
+    name = (
+        f"token-level heatmap {large.q_len} x {large.kv_len} (EAGLE-3, TTT step {args.ttt_steps - 1}), rendered (CPU)"
+    )
     rows.append((f"{name}, screen cells", f"{timed(lambda: render(large), 'cpu', 3, warmup=1):.1f}"))
     rows.append((f"{name}, every token", f"{timed(lambda: render(large, None), 'cpu', 3, warmup=1):.1f}"))
-    dev = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+    dev = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+    )
     print(f"\n{dev}, torch {torch.__version__}")
     print("| measure | median ms |")
     print("| --- | --- |")

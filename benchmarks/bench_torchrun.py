@@ -37,10 +37,26 @@ def setup(args):
     data = config.data_dir() / "runs" / p["dataset_name"]
     v = load_verifier(p["verifier"], device=args.device or p["device"], dtype=args.dtype or p["dtype"])
     torch.manual_seed(p["seed"])
-    d = draft.build_eagle3(v, data / "train", num_layers=p["draft_layers"], draft_vocab_size=p["draft_vocab_size"],
-                           attention=p["attention"], loss=p["loss_implementation"])
-    names = ("learning_rate", "warmup_steps", "pack_len", "grad_clip", "ttt_steps", "ttt_step_loss_decay", "n_anchors",
-             "seed", "eval_every", "checkpoint_every")
+    d = draft.build_eagle3(
+        v,
+        data / "train",
+        num_layers=p["draft_layers"],
+        draft_vocab_size=p["draft_vocab_size"],
+        attention=p["attention"],
+        loss=p["loss_implementation"],
+    )
+    names = (
+        "learning_rate",
+        "warmup_steps",
+        "pack_len",
+        "grad_clip",
+        "ttt_steps",
+        "ttt_step_loss_decay",
+        "n_anchors",
+        "seed",
+        "eval_every",
+        "checkpoint_every",
+    )
     s = train.Settings(steps=args.steps or p["train_steps"], **{k: p[k] for k in names})
     train.configure(d, s)
     return data, v, d, s
@@ -72,14 +88,21 @@ def run_draftlab(args) -> dict:
     summ = train.summary("eagle3", records)
     if args.standin:
         standin(d, Path(args.save_path))
-    return {"steps": s.steps, "wall_s": round(wall, 1), "first_step_s": round(summ["first step (s)"], 1),
-            "tokens_per_s_median": round(summ["train tokens/s (median)"]),
-            "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None,
-            "eval_acc_0": round(train.first_accuracy("eagle3", evals[-1]), 4), "eval_positions": accuracies(evals[-1]),
-            "evals": [round(train.first_accuracy("eagle3", r), 4) for r in evals], "saves": sorted(
-                p.name for p in (run / "checkpoints").iterdir()), "choices": d.report(), "device": str(v.device),
-            "dtype": str(d.dtype),
-            "torchrun": {k: flags[f"--{k}"] for k in ("epochs", "checkpoint-freq", "total-seq-len")}}
+    return {
+        "steps": s.steps,
+        "wall_s": round(wall, 1),
+        "first_step_s": round(summ["first step (s)"], 1),
+        "tokens_per_s_median": round(summ["train tokens/s (median)"]),
+        "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None,
+        "eval_acc_0": round(train.first_accuracy("eagle3", evals[-1]), 4),
+        "eval_positions": accuracies(evals[-1]),
+        "evals": [round(train.first_accuracy("eagle3", r), 4) for r in evals],
+        "saves": sorted(p.name for p in (run / "checkpoints").iterdir()),
+        "choices": d.report(),
+        "device": str(v.device),
+        "dtype": str(d.dtype),
+        "torchrun": {k: flags[f"--{k}"] for k in ("epochs", "checkpoint-freq", "total-seq-len")},
+    }
 
 
 def standin(d, save: Path) -> None:
@@ -93,8 +116,9 @@ def standin(d, save: Path) -> None:
         saver.save_checkpoint(d.model, opt, epoch)
         (save / f"epoch{epoch}_end").symlink_to(str(epoch))
     saver.update_best_symlink(1)
-    (save / "STANDIN.txt").write_text("dry run: draftlab's weights, saved by speculators' checkpointer; "
-                                      "speculators trained nothing\n")
+    (save / "STANDIN.txt").write_text(
+        "dry run: draftlab's weights, saved by speculators' checkpointer; speculators trained nothing\n"
+    )
 
 
 def stamp(_args) -> None:
@@ -129,13 +153,15 @@ def parse_log(args) -> dict:
         later = [p for _, p in steps[1:]] or [steps[0][1]]  # the first step compiles
         tokens = [p["profile/tokens_per_s"] * p["profile/step_ms"] / 1000 for _, p in steps]  # 3 significant digits
         gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:], strict=False)]
-        out.update(start_to_first_step_s=round(steps[0][0] - args.start, 1) if args.start else None,
-                   train_s=round(steps[-1][0] - steps[0][0], 1),
-                   tokens_per_s_median=median((n / t for n, t in zip(tokens[1:], gaps, strict=True) if t > 0), 0),
-                   profile_tokens_per_s_median=median((p["profile/tokens_per_s"] for p in later), 0),
-                   fetch_frac_median=median((p["profile/fetch_frac"] for p in later), 3),
-                   fetch_frac_mean=round(statistics.mean(p["profile/fetch_frac"] for p in later), 3),
-                   last_step=steps[-1][1])
+        out.update(
+            start_to_first_step_s=round(steps[0][0] - args.start, 1) if args.start else None,
+            train_s=round(steps[-1][0] - steps[0][0], 1),
+            tokens_per_s_median=median((n / t for n, t in zip(tokens[1:], gaps, strict=True) if t > 0), 0),
+            profile_tokens_per_s_median=median((p["profile/tokens_per_s"] for p in later), 0),
+            fetch_frac_median=median((p["profile/fetch_frac"] for p in later), 3),
+            fetch_frac_mean=round(statistics.mean(p["profile/fetch_frac"] for p in later), 3),
+            last_step=steps[-1][1],
+        )
     peak = Path(args.peak)
     peaks = [json.loads(x) for x in peak.read_text().splitlines()] if peak.exists() else []
     out["peak_mib"] = round(max(p["max_allocated_mib"] for p in peaks)) if peaks else None
@@ -161,10 +187,15 @@ def run_eval(args) -> dict:
     data, v, d, s = setup(args)
     spec = launch.find_checkpoint(args.save_path, "last")  # the same step count as draftlab's final/
     both = ckpt.compare({"draftlab": Path(args.run_dir) / "final", "speculators": spec}, d, data / "eval", s.pack_len)
-    out: dict = {name: {"path": r["checkpoint"], "eval_acc_0": round(r["eval first-position accuracy"], 4),
-                        "eval_loss": round(r["eval loss"], 4),
-                        "eval_positions": {k.split()[1]: round(a, 4) for k, a in r.items() if k.startswith("position ")}}
-                 for name, r in both.items()}
+    out: dict = {
+        name: {
+            "path": r["checkpoint"],
+            "eval_acc_0": round(r["eval first-position accuracy"], 4),
+            "eval_loss": round(r["eval loss"], 4),
+            "eval_positions": {k.split()[1]: round(a, 4) for k, a in r.items() if k.startswith("position ")},
+        }
+        for name, r in both.items()
+    }
     reload = train.check_reload(ckpt.reload(spec, d), spec, data, s.pack_len)
     out["speculators"]["reload_check"] = {k: reload[k] for k in ("identical tensors", "identical outputs")}
     out["speculators"]["load_draft"] = load_draft(args.save_path, v).choices["checkpoint"][0]  # notebook 05's path
@@ -179,22 +210,37 @@ def table(args) -> None:
     def positions(x):
         return " / ".join(f"{y:.3f}" for y in list(x.get("eval_positions", {}).values())[:3])
 
-    rows = [("optimizer steps", a.get("steps"), b.get("steps_logged")), ("wall (s)", a.get("wall_s"), b.get("wall_s")),
-            ("first step (s) / start to first step (s)", a.get("first_step_s"), b.get("start_to_first_step_s")),
-            ("draft tokens/s (median step)", a.get("tokens_per_s_median"), b.get("tokens_per_s_median")),
-            ("speculators' own tokens/s, fetch_frac (medians)", "-",
-             f"{b.get('profile_tokens_per_s_median')}, {b.get('fetch_frac_median')}"),
-            ("peak GPU memory, torch max allocated (MiB)", a.get("peak_mib"), b.get("peak_mib")),
-            ("nvidia-smi peak over idle (MiB, all processes)", "-", b.get("smi_peak_over_idle_mib")),
-            ("held-out first-position accuracy (draftlab eval split)", dl.get("eval_acc_0"), sp.get("eval_acc_0")),
-            ("positions 1 / 2 / 3", positions(dl), positions(sp)),
-            ("own held-out full_acc_0 (draftlab: eval split; speculators: its 10% split, last epoch)",
-             (a.get("evals") or [None])[-1], val.get("val/full_acc_0_epoch")),
-            (f"tau, k 5, bench prompts (n-gram: {tau.get('ngram')})", tau.get("eagle3-draftlab"),
-             tau.get("eagle3-speculators")),
-            ("checkpoint folders left (speculators: saves written)", ", ".join(a.get("saves", [])) + ", final",
-             f"epochs {b.get('saved_epochs')} ({b.get('saves')} saves)"),
-            ("checkpoint measured", dl.get("path"), sp.get("path"))]
+    rows = [
+        ("optimizer steps", a.get("steps"), b.get("steps_logged")),
+        ("wall (s)", a.get("wall_s"), b.get("wall_s")),
+        ("first step (s) / start to first step (s)", a.get("first_step_s"), b.get("start_to_first_step_s")),
+        ("draft tokens/s (median step)", a.get("tokens_per_s_median"), b.get("tokens_per_s_median")),
+        (
+            "speculators' own tokens/s, fetch_frac (medians)",
+            "-",
+            f"{b.get('profile_tokens_per_s_median')}, {b.get('fetch_frac_median')}",
+        ),
+        ("peak GPU memory, torch max allocated (MiB)", a.get("peak_mib"), b.get("peak_mib")),
+        ("nvidia-smi peak over idle (MiB, all processes)", "-", b.get("smi_peak_over_idle_mib")),
+        ("held-out first-position accuracy (draftlab eval split)", dl.get("eval_acc_0"), sp.get("eval_acc_0")),
+        ("positions 1 / 2 / 3", positions(dl), positions(sp)),
+        (
+            "own held-out full_acc_0 (draftlab: eval split; speculators: its 10% split, last epoch)",
+            (a.get("evals") or [None])[-1],
+            val.get("val/full_acc_0_epoch"),
+        ),
+        (
+            f"tau, k 5, bench prompts (n-gram: {tau.get('ngram')})",
+            tau.get("eagle3-draftlab"),
+            tau.get("eagle3-speculators"),
+        ),
+        (
+            "checkpoint folders left (speculators: saves written)",
+            ", ".join(a.get("saves", [])) + ", final",
+            f"epochs {b.get('saved_epochs')} ({b.get('saves')} saves)",
+        ),
+        ("checkpoint measured", dl.get("path"), sp.get("path")),
+    ]
     print("| EAGLE-3, same data and steps | draftlab loop | speculators (torchrun, nproc 1) |\n| --- | --- | --- |")
     for row in rows:
         print("| " + " | ".join("-" if x is None else str(x) for x in row) + " |")

@@ -28,8 +28,15 @@ def main() -> None:
     table = {}
     for trained in args.datasets:
         d = load_draft(trained_draft(runs / trained / "drafts" / "eagle3"), v)
-        table[trained] = {ev: round(offline_alpha(d, runs / ev / "eval", 1, max_rows=args.rows)[0], 4) for ev in args.datasets}
-    print("| EAGLE-3 trained on | " + " | ".join(f"{ev} eval" for ev in args.datasets) + " |\n|" + " --- |" * (len(args.datasets) + 1))
+        table[trained] = {
+            ev: round(offline_alpha(d, runs / ev / "eval", 1, max_rows=args.rows)[0], 4) for ev in args.datasets
+        }
+    print(
+        "| EAGLE-3 trained on | "
+        + " | ".join(f"{ev} eval" for ev in args.datasets)
+        + " |\n|"
+        + " --- |" * (len(args.datasets) + 1)
+    )
     for trained, row in table.items():
         print(f"| {trained} | " + " | ".join(f"{row[ev]:.3f}" for ev in args.datasets) + " |")
     print(json.dumps(table))

@@ -27,8 +27,11 @@ def train_tokens(run_dir: Path) -> dict:
     import datasets
 
     rows = datasets.load_from_disk(str(run_dir / "train"))
-    return {"train rows": len(rows), "train answer tokens": int(sum(int(sum(m)) for m in rows["loss_mask"])),
-            "train tokens": int(sum(rows["seq_len"]))}
+    return {
+        "train rows": len(rows),
+        "train answer tokens": int(sum(int(sum(m)) for m in rows["loss_mask"])),
+        "train tokens": int(sum(rows["seq_len"])),
+    }
 
 
 def last_eval(metrics: Path) -> dict:
@@ -63,7 +66,10 @@ def figure(points: list[dict]):
             ax_tau.plot(x, [p.get(f"{kind} bench tau") for p in points], "o-", label=kind)
     if any("ngram bench tau" in p for p in points):
         ax_tau.plot(x, [p.get("ngram bench tau") for p in points], "k--", label="n-gram")
-    for ax, title in ((ax_acc, "held-out first-position accuracy (eval)"), (ax_tau, "tau on bench prompts (k 5, greedy)")):
+    for ax, title in (
+        (ax_acc, "held-out first-position accuracy (eval)"),
+        (ax_tau, "tau on bench prompts (k 5, greedy)"),
+    ):
         ax.set_xscale("log")
         ax.set_xlabel("verifier answer tokens in the train split")
         ax.set_title(title)

@@ -47,11 +47,17 @@ def render(results: dict, previous: dict[str, dict[str, str]] | None = None) -> 
         cells = {c: fam["cells"].get(c) or previous.get(fam["label"], {}).get(c) or NOT_RUN for c in CELLS}
         lines.append(f"| {fam['label']} | " + " | ".join(cells[c].replace("|", "/") for c in CELLS) + " |")
     served = [f["label"] for f in results["families"] if f.get("served_in_make_test")]
-    which = ("every family (`DRAFTLAB_FAMILIES_VLLM=one` serves only Qwen3, for a quicker local run)"
-             if len(served) == len(results["families"]) else
-             f"{', '.join(served) or 'none'}, the other vLLM cells are from the last run with `DRAFTLAB_FAMILIES_VLLM=all`")
-    note = ("Tiny random verifiers (7 layers, hidden 64, fp32, CPU) built from transformers' config classes; each cell is "
-            f"a test in `tests/test_families.py`. vLLM: the verifier served with an EAGLE-3 draft; `make test` serves {which}.")
+    which = (
+        "every family (`DRAFTLAB_FAMILIES_VLLM=one` serves only Qwen3, for a quicker local run)"
+        if len(served) == len(results["families"])
+        else f"{', '.join(served) or 'none'}, the other vLLM cells "
+        "are from the last run with `DRAFTLAB_FAMILIES_VLLM=all`"
+    )
+    note = (
+        "Tiny random verifiers (7 layers, hidden 64, fp32, CPU) built from transformers' config classes; each cell is "
+        "a test in `tests/test_families.py`. vLLM: the verifier "
+        f"served with an EAGLE-3 draft; `make test` serves {which}."
+    )
     lines += ["", note]
     return "\n".join(lines)
 
@@ -59,8 +65,12 @@ def render(results: dict, previous: dict[str, dict[str, str]] | None = None) -> 
 def write(results: dict, readme: Path = README) -> bool:
     """Put the rendered block into README; True when it changed. Refuses a run with failures."""
     if not results.get("complete"):
-        raise SystemExit("the run did not cover every family (pytest -k?), not writing README: run the whole tests/test_families.py")
-    failed = [(f["label"], c) for f in results["families"] for c, v in f["cells"].items() if v and v.startswith("FAILED")]
+        raise SystemExit(
+            "the run did not cover every family (pytest -k?), not writing README: run the whole tests/test_families.py"
+        )
+    failed = [
+        (f["label"], c) for f in results["families"] for c, v in f["cells"].items() if v and v.startswith("FAILED")
+    ]
     if failed:
         raise SystemExit(f"the run has failures, not writing README: {failed}")
     text = readme.read_text()

@@ -12,9 +12,14 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 CORPUS = [
-    "hello how are you today", "what is the capital of france", "def add(a, b): return a + b",
-    "the quick brown fox jumps over the lazy dog", "print('hello world')", "i am fine thank you",
-    "for i in range(10): print(i)", "speculative decoding drafts tokens that a verifier accepts",
+    "hello how are you today",
+    "what is the capital of france",
+    "def add(a, b): return a + b",
+    "the quick brown fox jumps over the lazy dog",
+    "print('hello world')",
+    "i am fine thank you",
+    "for i in range(10): print(i)",
+    "speculative decoding drafts tokens that a verifier accepts",
 ] * 20
 
 
@@ -26,8 +31,15 @@ def make_tokenizer(chat_template: str | None = CHATML):
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
-    tk.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>", bos_token="<|im_start|>")
+    tk.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>", bos_token="<|im_start|>"
+    )
     tok.chat_template = chat_template
     return tok
 
@@ -37,8 +49,14 @@ def make_model(vocab_size: int, layers: int = 8, seed: int = 0):
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
     )
     return LlamaForCausalLM(cfg).eval()
 
@@ -69,8 +87,12 @@ def nested_dir(tmp_path_factory, tiny_dir):
 
     path = tmp_path_factory.mktemp("nested_verifier")
     text_cfg = json.loads((tiny_dir / "config.json").read_text())
-    cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text_cfg,
-           "vision_config": {"hidden_size": 8}}
+    cfg = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": text_cfg,
+        "vision_config": {"hidden_size": 8},
+    }
     (path / "config.json").write_text(json.dumps(cfg))
     state = {f"language_model.{k}": v for k, v in load_file(tiny_dir / "model.safetensors").items()}
     state["vision_tower.proj.weight"] = torch.zeros(8, 8)
@@ -94,9 +116,19 @@ def serve_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("serve_verifier")
     tok = make_tokenizer()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False,
-                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     LlamaForCausalLM(cfg).eval().save_pretrained(path)
     tok.save_pretrained(path)
     return path

@@ -19,8 +19,14 @@ import torch
 CELLS = ("extraction", "draft", "train", "loop", "vLLM")
 OK = "✓"
 K, N_NEW = 3, 16
-TRAIN_TEXTS = ["hello how are you today", "what is the capital of france", "def add(a, b): return a + b",
-               "the quick brown fox jumps over the lazy dog", "print('hello world')", "i am fine thank you"]
+TRAIN_TEXTS = [
+    "hello how are you today",
+    "what is the capital of france",
+    "def add(a, b): return a + b",
+    "the quick brown fox jumps over the lazy dog",
+    "print('hello world')",
+    "i am fine thank you",
+]
 EVAL_TEXTS = ["for i in range(10): print(i)", "speculative decoding drafts tokens that a verifier accepts"]
 
 
@@ -36,8 +42,20 @@ class Family:
 
 def _base(tok, **kw) -> dict:
     ids = dict(eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
-    return {**dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=2,
-                   num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=False), **ids, **kw}
+    return {
+        **dict(
+            vocab_size=len(tok),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=7,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=512,
+            tie_word_embeddings=False,
+        ),
+        **ids,
+        **kw,
+    }
 
 
 def _cfg(name: str, **kw):
@@ -52,28 +70,64 @@ def _cfg(name: str, **kw):
 def _gpt2(tok):
     from transformers import GPT2Config
 
-    return GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=7, n_head=2, n_positions=512, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)
+    return GPT2Config(
+        vocab_size=len(tok),
+        n_embd=64,
+        n_layer=7,
+        n_head=2,
+        n_positions=512,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
 
 
 LAYERNORM = "final norm is a LayerNorm"
-UNKNOWN_WRAPPER = "model type `acme_vl` but Transformers does not recognize this architecture"  # vLLM loads the wrapper as it is
+UNKNOWN_WRAPPER = (
+    "model type `acme_vl` but Transformers does not recognize this architecture"  # vLLM loads the wrapper as it is
+)
 FAMILIES: dict[str, Family] = {
     "llama": Family("Llama", _cfg("LlamaConfig")),
     "qwen2": Family("Qwen2 (qkv bias)", _cfg("Qwen2Config")),
     "qwen3": Family("Qwen3 (head_dim 64 ≠ hidden/heads)", _cfg("Qwen3Config", head_dim=64), serve=True),
     "mistral": Family("Mistral (sliding window 8)", _cfg("MistralConfig", sliding_window=8)),
-    "gemma3": Family("Gemma-3 (sliding 8, tied, 1+w norm, scaled embeddings)",
-                     _cfg("Gemma3TextConfig", num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
-                          tie_word_embeddings=True), vllm=r"Model does not support EAGLE3 interface"),
-    "qwen3_moe": Family("Qwen3-MoE (4 experts, top 2)",
-                        _cfg("Qwen3MoeConfig", head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
-    "deepseek_v3": Family("DeepSeek-V3 (MLA, MoE after 1 dense layer)",
-                          _cfg("DeepseekV3Config", num_key_value_heads=2, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=32,
-                               qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-                               moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
-                               topk_method="noaux_tc"),  # as real checkpoints say; vLLM reads it, transformers 5.19 omits it
-                          vllm=r"expect weight to be bfloat16, float16, int8"),  # vLLM's CPU MLA backend (amx_mla) takes bf16 only; the matrix runs fp32
+    "gemma3": Family(
+        "Gemma-3 (sliding 8, tied, 1+w norm, scaled embeddings)",
+        _cfg(
+            "Gemma3TextConfig",
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            sliding_window=8,
+            tie_word_embeddings=True,
+        ),
+        vllm=r"Model does not support EAGLE3 interface",
+    ),
+    "qwen3_moe": Family(
+        "Qwen3-MoE (4 experts, top 2)",
+        _cfg("Qwen3MoeConfig", head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    ),
+    "deepseek_v3": Family(
+        "DeepSeek-V3 (MLA, MoE after 1 dense layer)",
+        _cfg(
+            "DeepseekV3Config",
+            num_key_value_heads=2,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_rope_head_dim=32,
+            qk_nope_head_dim=32,
+            v_head_dim=32,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            topk_method="noaux_tc",
+        ),  # as real checkpoints say; vLLM reads it, transformers 5.19 omits it
+        vllm=r"expect weight to be bfloat16, float16, int8",
+    ),  # vLLM's CPU MLA backend (amx_mla) takes bf16 only; the matrix runs fp32
     "phi3": Family("Phi-3 (partial rotary 0.5)", _cfg("Phi3Config", partial_rotary_factor=0.5)),
     "gpt2": Family("GPT-2 (learned positions, LayerNorm)", _gpt2, refused={"draft": LAYERNORM}),
     "nested_qwen3": Family("wrapper around Qwen3", wraps="qwen3", vllm=UNKNOWN_WRAPPER),
@@ -83,8 +137,9 @@ FAMILIES: dict[str, Family] = {
 
 def build_dir(name: str, root: Path) -> Path:
     """Save family `name`'s tiny random verifier (seed 0) under root/name; a wrapper repackages its family's."""
-    from conftest import make_tokenizer
     from transformers import AutoModelForCausalLM
+
+    from conftest import make_tokenizer
 
     fam, path = FAMILIES[name], Path(root) / name
     if (path / "config.json").exists():
@@ -104,8 +159,12 @@ def wrap(inner: Path, path: Path) -> Path:
     from transformers import AutoTokenizer
 
     path.mkdir(parents=True)
-    cfg = {"architectures": ["AcmeVLForConditionalGeneration"], "model_type": "acme_vl",
-           "text_config": json.loads((inner / "config.json").read_text()), "vision_config": {"hidden_size": 8}}
+    cfg = {
+        "architectures": ["AcmeVLForConditionalGeneration"],
+        "model_type": "acme_vl",
+        "text_config": json.loads((inner / "config.json").read_text()),
+        "vision_config": {"hidden_size": 8},
+    }
     (path / "config.json").write_text(json.dumps(cfg))
     state = {f"language_model.{k}": v for k, v in load_file(inner / "model.safetensors").items()}
     state["vision_tower.norm.weight"] = torch.ones(8)  # a second "norm.weight" suffix for speculators to trip on
@@ -132,6 +191,7 @@ def refusal(name: str, cell: str, err: Exception) -> str:
 
 
 # ---- the pipeline, stage by stage, through the functions the notebooks call ----------------------------------
+
 
 def chat_prompts(v, texts: list[str]) -> list[dict]:
     from draftlab.prompts import _chat_ids
@@ -165,7 +225,10 @@ def extraction(v, run: Path) -> list[int]:
     rows = {}
     for split, texts in (("train", TRAIN_TEXTS), ("eval", EVAL_TEXTS)):
         pairs = [(p["ids"], verifier_greedy(v, p["ids"], N_NEW)) for p in chat_prompts(v, texts)]
-        rows[split] = {"input_ids": [q + a for q, a in pairs], "loss_mask": [[0] * len(q) + [1] * len(a) for q, a in pairs]}
+        rows[split] = {
+            "input_ids": [q + a for q, a in pairs],
+            "loss_mask": [[0] * len(q) + [1] * len(a) for q, a in pairs],
+        }
     ids = extract.default_layer_ids(v.num_layers)
     for split in ("train", "eval"):
         ds = dataset.save_split(rows[split], v.tokenizer, run / split, 64)
@@ -186,8 +249,11 @@ def check_targets(d, run: Path) -> None:
     v, m = d.verifier, d.model
     last = extract.load_sample(run / "train", 0)["hidden_states"][:, -1].to(v.device, v.dtype)
     rows = torch.arange(m.draft_vocab_size, device=v.device) + (m.d2t.to(v.device) if m.d2t is not None else 0)
-    torch.testing.assert_close(m.verifier_lm_head(m.verifier_norm(last)), v.lm_head(v.norm(last))[:, rows],
-                               msg=lambda e: f"{d.kind}: the draft's verifier logits differ from the verifier's: {e}")
+    torch.testing.assert_close(
+        m.verifier_lm_head(m.verifier_norm(last)),
+        v.lm_head(v.norm(last))[:, rows],
+        msg=lambda e: f"{d.kind}: the draft's verifier logits differ from the verifier's: {e}",
+    )
 
 
 def drafts(v, run: Path) -> dict:
@@ -195,7 +261,10 @@ def drafts(v, run: Path) -> dict:
     from draftlab.draft import build_dflash, build_eagle3
 
     torch.manual_seed(0)
-    out = {"eagle3": build_eagle3(v, run / "train", num_layers=1), "dflash": build_dflash(v, run / "train", num_layers=1, block_size=4)}
+    out = {
+        "eagle3": build_eagle3(v, run / "train", num_layers=1),
+        "dflash": build_dflash(v, run / "train", num_layers=1, block_size=4),
+    }
     for d in out.values():
         check_targets(d, run)
     return out
@@ -207,7 +276,9 @@ def training(built: dict, run: Path) -> dict[str, Path]:
 
     from draftlab.train import Settings, check_reload, read_metrics, train
 
-    s = Settings(steps=2, learning_rate=1e-3, warmup_steps=1, pack_len=128, eval_every=2, checkpoint_every=2, n_anchors=8)
+    s = Settings(
+        steps=2, learning_rate=1e-3, warmup_steps=1, pack_len=128, eval_every=2, checkpoint_every=2, n_anchors=8
+    )
     finals = {}
     for kind, d in built.items():
         before = {n: p.detach().clone() for n, p in d.model.named_parameters() if p.requires_grad}
@@ -251,7 +322,10 @@ def served(v, run: Path) -> str:
 
     torch.manual_seed(0)
     s = Settings(steps=60, learning_rate=3e-3, warmup_steps=5, pack_len=128, eval_every=60, checkpoint_every=60)
-    final = train(build_eagle3(v, run / "train", num_layers=1), run, s, run / "drafts" / "eagle3-served", progress=False) / "final"
+    final = (
+        train(build_eagle3(v, run / "train", num_layers=1), run, s, run / "drafts" / "eagle3-served", progress=False)
+        / "final"
+    )
     prompts = chat_prompts(v, TRAIN_TEXTS[:3])
     refs = [verifier_greedy(v, p["ids"], N_NEW) for p in prompts]
     mine = summarize(run_prompts(v, make_proposer(load_draft(final, v), v.vocab_size), prompts, K, N_NEW), K)["all"]
@@ -259,7 +333,9 @@ def served(v, run: Path) -> str:
     with Server(v.path, final, K, log_path=run / "vllm.log", max_model_len=256) as srv:
         assert srv.logged_aux_layers() == srv.draft_cfg["eagle_aux_hidden_state_layer_ids"]
         got = sv.workload(srv, prompts, N_NEW)
-    assert [o["token_ids"] for o in got["outputs"]] == refs, "vLLM's greedy output with the draft differs from the verifier's"
+    assert [o["token_ids"] for o in got["outputs"]] == refs, (
+        "vLLM's greedy output with the draft differs from the verifier's"
+    )
     tau = sv.served_metrics(got["counts"])["tau"]
     assert abs(tau / mine["tau"] - 1) <= sv.GAP_WARN, f"vLLM tau {tau:.3f}, draftlab {mine['tau']:.3f}"
     return f"{OK} greedy identical, tau within {sv.GAP_WARN:.0%}"

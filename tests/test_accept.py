@@ -26,8 +26,14 @@ def _greedy(v, prompt, n=N_NEW):
 
 def _generate(v, prompt, n):
     x = torch.tensor([prompt])
-    out = v.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                           eos_token_id=v.tokenizer.eos_token_id, pad_token_id=v.tokenizer.pad_token_id)[0, len(prompt):].tolist()
+    out = v.model.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=v.tokenizer.eos_token_id,
+        pad_token_id=v.tokenizer.pad_token_id,
+    )[0, len(prompt) :].tolist()
     eos = v.tokenizer.eos_token_id
     return out[: out.index(eos) + 1] if eos in out else out
 
@@ -45,8 +51,14 @@ def _train_briefly(d, v, steps=60, seed=0):
     for i in range(steps):
         s, h = seqs[i % len(seqs)], hs[i % len(seqs)]
         n = len(s) - 1  # speculators' shift_batch: token t+1 with the states of position t
-        batch = {"input_ids": torch.tensor([s[1:]]), "hidden_states": h[:-1, :-1].flatten(1)[None], "verifier_last_hidden_states": h[1:, -1][None],
-                 "loss_mask": torch.ones(1, n), "document_ids": torch.zeros(1, n, dtype=torch.long), "position_ids": torch.arange(1, n + 1)[None]}
+        batch = {
+            "input_ids": torch.tensor([s[1:]]),
+            "hidden_states": h[:-1, :-1].flatten(1)[None],
+            "verifier_last_hidden_states": h[1:, -1][None],
+            "loss_mask": torch.ones(1, n),
+            "document_ids": torch.zeros(1, n, dtype=torch.long),
+            "position_ids": torch.arange(1, n + 1)[None],
+        }
         _, loss, _ = d.model(**batch, **d.train_kwargs)
         opt.zero_grad()
         loss.backward()
@@ -105,8 +117,13 @@ def test_eagle3_proposals_match_speculators_teacher_forced_forward(tiny, eagle):
     h = hidden_states(tiny, [seq], eagle.model.target_layer_ids)[0]
     n = len(seq) - 1
     with torch.no_grad():
-        steps = eagle.model(h[:-1, :-1].flatten(1)[None], torch.tensor([seq[1:]]), torch.zeros(1, n, dtype=torch.long),
-                            position_ids=torch.arange(1, n + 1)[None], ttt_steps=2)
+        steps = eagle.model(
+            h[:-1, :-1].flatten(1)[None],
+            torch.tensor([seq[1:]]),
+            torch.zeros(1, n, dtype=torch.long),
+            position_ids=torch.arange(1, n + 1)[None],
+            ttt_steps=2,
+        )
     d2t = prop.d2t
     checked = 0
     for m, p in seen:
@@ -227,8 +244,14 @@ def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path)
     loss_mask = torch.zeros(1, len(seq))
     loss_mask[0, a] = 1
     with torch.no_grad():
-        _, logits, *_ = model._backbone_forward(aux[None], torch.tensor([seq]), loss_mask, h[:, -1][None],
-                                                torch.zeros(1, len(seq), dtype=torch.long), max_anchors=1)
+        _, logits, *_ = model._backbone_forward(
+            aux[None],
+            torch.tensor([seq]),
+            loss_mask,
+            h[:, -1][None],
+            torch.zeros(1, len(seq), dtype=torch.long),
+            max_anchors=1,
+        )
     prop = DFlashProposer(model, tiny.vocab_size)
     prop.reset(seq[: a + 1])
     prop.update(aux[:a], a)

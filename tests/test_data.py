@@ -6,8 +6,16 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.dataset import build_rows, save_split, tokenize_conversation
-from draftlab.prompts import (Prompt, generate_responses, length_batches, load_prompts, read_json_records, record_counts, sharegpt_texts,
-                              write_prompt_set)
+from draftlab.prompts import (
+    Prompt,
+    generate_responses,
+    length_batches,
+    load_prompts,
+    read_json_records,
+    record_counts,
+    sharegpt_texts,
+    write_prompt_set,
+)
 from draftlab.vocab import build_mapping, coverage_curve, heldout_coverage, token_frequencies
 
 
@@ -39,12 +47,20 @@ def test_bench_holds_whole_groups_that_never_move_and_nothing_else():
 
 
 def test_a_cut_json_array_gives_its_complete_records(tmp_path):
-    whole = '[\n {"id": "a_0", "conversations": [{"from": "human", "value": "hi"}]},\n {"id": "b_0", "conversations": []}\n]'
+    whole = (
+        '[\n {"id": "a_0", "conversations": [{"from": "human", '
+        '"value": "hi"}]},\n {"id": "b_0", "conversations": []}\n]'
+    )
     (tmp_path / "whole.json").write_text(whole)
     (tmp_path / "cut.json").write_text(whole[:85])  # stops inside the second record
-    assert read_json_records(tmp_path / "whole.json") == ([{"id": "a_0", "conversations": [{"from": "human", "value": "hi"}]},
-                                                            {"id": "b_0", "conversations": []}], False)
-    assert read_json_records(tmp_path / "cut.json") == ([{"id": "a_0", "conversations": [{"from": "human", "value": "hi"}]}], True)
+    assert read_json_records(tmp_path / "whole.json") == (
+        [{"id": "a_0", "conversations": [{"from": "human", "value": "hi"}]}, {"id": "b_0", "conversations": []}],
+        False,
+    )
+    assert read_json_records(tmp_path / "cut.json") == (
+        [{"id": "a_0", "conversations": [{"from": "human", "value": "hi"}]}],
+        True,
+    )
 
 
 def test_the_bundled_sharegpt_is_read_to_its_cut_tail_and_every_record_is_counted():
@@ -100,7 +116,11 @@ def test_long_rows_are_truncated_and_counted(tiny):
 
 
 def test_saved_split_is_speculators_format(tiny, tmp_path):
-    ps = [Prompt("a", "chat", "hello", "train"), Prompt("b", "code", "def add(a, b):", "train"), Prompt("c", "chat", "hi", "eval")]
+    ps = [
+        Prompt("a", "chat", "hello", "train"),
+        Prompt("b", "code", "def add(a, b):", "train"),
+        Prompt("c", "chat", "hi", "eval"),
+    ]
     rows, _ = build_rows(tiny.tokenizer, ps, {"a": "hi there", "b": "return a + b", "c": "hello"}, 64)
     ds = save_split(rows["train"], tiny.tokenizer, tmp_path, 64)
     assert ds.column_names == ["input_ids", "loss_mask", "seq_len"] and len(ds) == 2
@@ -133,7 +153,9 @@ def test_generation_resumes_and_refuses_other_settings(tiny, tmp_path):
         tiny.model.generate = orig
     assert sum(calls) == len(ps) - 3, "only the missing prompts are regenerated"
     assert again == full  # greedy: the same answers
-    ids = [json.loads(line)["id"] for line in path.read_text().splitlines()]  # the cut line is gone, not glued to the next answer
+    ids = [
+        json.loads(line)["id"] for line in path.read_text().splitlines()
+    ]  # the cut line is gone, not glued to the next answer
     assert sorted(ids) == sorted(p.id for p in ps) and generate_responses(tiny, ps, path, max_new_tokens=6) == full
     with pytest.raises(DraftlabError, match="max_new_tokens"):
         generate_responses(tiny, ps, path, max_new_tokens=7)
@@ -146,10 +168,16 @@ def test_sampled_answers_add_train_rows_only_and_are_resumable(tiny, tmp_path):
     train = [p for p in ps if p.split == "train"]
     greedy = generate_responses(tiny, ps, tmp_path / "responses.jsonl", max_new_tokens=6, batch_size=4)
     extra = sample_responses(tiny, train, tmp_path, 2, 1.0, max_new_tokens=6, batch_size=4)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["responses-sampled-0.jsonl", "responses-sampled-1.jsonl", "responses.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "responses-sampled-0.jsonl",
+        "responses-sampled-1.jsonl",
+        "responses.jsonl",
+    ]
     assert set(extra) == {p.id for p in train} and all(len(v) == 2 for v in extra.values())
     assert any(extra[p.id][0] != greedy[p.id] for p in train), "sampling at T=1 should change some answers"
-    assert sample_responses(tiny, train, tmp_path, 2, 1.0, max_new_tokens=6, batch_size=4) == extra  # read back, not regenerated
+    assert (
+        sample_responses(tiny, train, tmp_path, 2, 1.0, max_new_tokens=6, batch_size=4) == extra
+    )  # read back, not regenerated
     rows, stats = build_rows(tiny.tokenizer, ps, greedy, 256, extra=extra)
     plain, base = build_rows(tiny.tokenizer, ps, greedy, 256)
     assert stats["train"].rows == 3 * base["train"].rows and stats["eval"].rows == base["eval"].rows
@@ -176,6 +204,17 @@ def test_vocab_mapping_is_speculators_and_saved_where_its_cli_looks(tiny, tmp_pa
 
 
 def test_a_prompt_past_the_position_limit_is_warned_about(tiny, tmp_path):
-    long = Prompt("long", "chat", "hello how are you today " * 120, "train")  # about 600 tokens; the tiny verifier has 512
-    with pytest.warns(UserWarning, match=r"1 prompt\(s\) \(first long\) plus max_new_tokens=4 pass the verifier's position limit \(512\)"):
-        generate_responses(tiny, [long, Prompt("short", "chat", "hello", "train")], tmp_path / "r.jsonl", max_new_tokens=4, batch_size=2)
+    long = Prompt(
+        "long", "chat", "hello how are you today " * 120, "train"
+    )  # about 600 tokens; the tiny verifier has 512
+    with pytest.warns(
+        UserWarning,
+        match=r"1 prompt\(s\) \(first long\) plus max_new_tokens=4 pass the verifier's position limit \(512\)",
+    ):
+        generate_responses(
+            tiny,
+            [long, Prompt("short", "chat", "hello", "train")],
+            tmp_path / "r.jsonl",
+            max_new_tokens=4,
+            batch_size=2,
+        )

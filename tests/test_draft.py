@@ -38,9 +38,9 @@ def unknown_dir(tmp_path_factory, nested_dir):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory, tiny):
     """A stage-01 train folder made the way notebook 01 makes it: rows, hidden states, d2t/t2d."""
-    from conftest import random_rows
-
     from draftlab import dataset, extract, vocab
+
+    from conftest import random_rows
 
     out = tmp_path_factory.mktemp("run") / "train"
     rows = random_rows(tiny.vocab_size, [40, 25, 33, 18])
@@ -98,8 +98,9 @@ def test_nested_verifiers_build_through_an_unwrapped_view(request, fixture, kind
 
 
 def test_tied_embeddings_give_lm_head_equal_to_embeddings(tmp_path, tiny_dir):
-    from conftest import make_model
     from transformers import AutoTokenizer
+
+    from conftest import make_model
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     model = make_model(len(tok))
@@ -134,7 +135,10 @@ def test_reload_check_catches_a_checkpoint_that_differs(tiny, eagle, data_dir, t
 
 
 def test_dtype_mismatch_is_a_clear_error_or_a_documented_cast(tiny, eagle, data_dir):
-    batch = {k: (t.to(torch.bfloat16) if torch.is_tensor(t) and t.is_floating_point() else t) for k, t in packed(tiny, data_dir).items()}
+    batch = {
+        k: (t.to(torch.bfloat16) if torch.is_tensor(t) and t.is_floating_point() else t)
+        for k, t in packed(tiny, data_dir).items()
+    }
     with pytest.raises(DraftlabError, match="cast=True"):
         eagle.forward(batch)
     with torch.no_grad():
@@ -183,8 +187,9 @@ def test_dflash_without_mask_token_gets_a_safe_default_and_says_which(tiny, dfla
 
 
 def test_verifier_without_lm_head(tmp_path, tiny_dir):
-    from conftest import make_model
     from transformers import AutoTokenizer
+
+    from conftest import make_model
 
     make_model(300).model.save_pretrained(tmp_path)  # the decoder alone: no lm_head, untied
     AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(tmp_path)
@@ -227,8 +232,12 @@ def test_pack_length_is_padded_to_the_flex_block_for_eagle3():
     assert checks.pack_length(8192, "eagle3", FLEX)[0] == 8192
     assert checks.pack_length(8191, "eagle3", "sdpa")[0] == 8191
     assert checks.pack_length(8191, "dflash", FLEX)[0] == 8191
-    batch = {"input_ids": torch.ones(1, 5, dtype=torch.long), "document_ids": torch.zeros(1, 5, dtype=torch.long),
-             "position_ids": torch.arange(5).unsqueeze(0), "hidden_states": torch.ones(1, 5, 6)}
+    batch = {
+        "input_ids": torch.ones(1, 5, dtype=torch.long),
+        "document_ids": torch.zeros(1, 5, dtype=torch.long),
+        "position_ids": torch.arange(5).unsqueeze(0),
+        "hidden_states": torch.ones(1, 5, 6),
+    }
     with pytest.raises(DraftlabError, match="max_len=128"):
         checks.check_pack(batch, "eagle3", FLEX)
     out = checks.pad_batch(batch, 128)
@@ -281,10 +290,10 @@ def test_an_attention_setting_unset_after_build_is_refused_at_every_forward(tiny
 
 
 def test_a_bf16_saved_draft_loads_on_its_fp32_verifier_and_another_verifier_is_named(tiny, tmp_path):
-    from conftest import make_model, make_tokenizer
-
     from draftlab.proposers import load_draft
     from draftlab.verifier import load_verifier
+
+    from conftest import make_model, make_tokenizer
 
     build_eagle3(tiny, None).model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
@@ -293,6 +302,9 @@ def test_a_bf16_saved_draft_loads_on_its_fp32_verifier_and_another_verifier_is_n
     make_model(len(tok), seed=1).save_pretrained(tmp_path / "other")
     tok.save_pretrained(tmp_path / "other")
     other = load_verifier(tmp_path / "other", device="cpu", dtype="float32")
-    with pytest.raises(DraftlabError, match=r"frozen \[.*'embed_tokens'.*\] differ from verifier .*other's \(compared in bfloat16\): "
-                                            r"the draft was made for another verifier .*Load the verifier it was trained for"):
+    with pytest.raises(
+        DraftlabError,
+        match=r"frozen \[.*'embed_tokens'.*\] differ from verifier .*other's \(compared in bfloat16\): "
+        r"the draft was made for another verifier .*Load the verifier it was trained for",
+    ):
         load_draft(tmp_path / "bf16", other)

@@ -9,10 +9,11 @@ import time
 import pytest
 import torch
 
-from conftest import random_rows
 from draftlab import DraftlabError, manifest
 from draftlab.dataset import save_split
 from draftlab.extract import default_layer_ids, extract, hidden_states, load_sample, validate_layer_ids
+
+from conftest import random_rows
 
 IDS = [0, 2, 4, 5]  # includes id 0 (the embedding output)
 
@@ -148,10 +149,12 @@ def test_layer_ids_out_of_range_or_repeated_name_the_range():
 
 
 def test_a_layer_output_that_is_no_hidden_state_is_refused_naming_it(tiny):
-    """A family whose decoder layer returns something else than the residual stream (here a dict) is refused, never read."""
+    """A family whose decoder layer returns something else than the residual stream (here a dict) is refused, never read."""  # noqa: E501
     handle = tiny.layers[-1].register_forward_hook(lambda _m, _i, out: {"hidden": out})
     try:
-        with pytest.raises(DraftlabError, match=r"the output of decoder layer 7 is a dict, not a \[batch, tokens, 32\] hidden state"):
+        with pytest.raises(
+            DraftlabError, match=r"the output of decoder layer 7 is a dict, not a \[batch, tokens, 32\] hidden state"
+        ):
             hidden_states(tiny, [[5, 6, 7]], [2, 4])
     finally:
         handle.remove()

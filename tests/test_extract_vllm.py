@@ -23,12 +23,18 @@ def _needs_vllm():
 def test_vllm_hands_out_draftlabs_layers_slot_for_slot(serve_dir, serve_verifier, tmp_path):
     v = serve_verifier
     rows = random_rows(v.vocab_size, [37, 5, 64, 21])["input_ids"]
-    rows.append(rows[2][:40] + rows[0][:9])  # shares 40 tokens with row 2: with prefix caching, states may come from its blocks
-    s = extract_vllm.extraction_server(serve_dir, LAYER_IDS, tmp_path / "store", log_path=tmp_path / "vllm.log", max_model_len=256)
+    rows.append(
+        rows[2][:40] + rows[0][:9]
+    )  # shares 40 tokens with row 2: with prefix caching, states may come from its blocks
+    s = extract_vllm.extraction_server(
+        serve_dir, LAYER_IDS, tmp_path / "store", log_path=tmp_path / "vllm.log", max_model_len=256
+    )
     assert s.slots == [*LAYER_IDS, 8]
     with s:
         pgid = s.proc.pid
-        assert s.logged_aux_layers() == s.slots, "vLLM took the ids as given: no shift between its numbering and draftlab's"
+        assert s.logged_aux_layers() == s.slots, (
+            "vLLM took the ids as given: no shift between its numbering and draftlab's"
+        )
         info = extract_vllm.extract(s, rows, tmp_path / "vllm", concurrency=3)
     assert s.proc.poll() is not None and group_members(pgid) == [], "the server and its engine processes are gone"
     assert info["rows"] == len(rows) and info["tokens"] == sum(map(len, rows)) and info["tokens_per_s"] > 0
@@ -36,11 +42,13 @@ def test_vllm_hands_out_draftlabs_layers_slot_for_slot(serve_dir, serve_verifier
     assert got["problems"] == [], got
     assert got["layers_match"] and [n["layer"] for n in got["nearest"]] == [*LAYER_IDS, 8]
     assert max(got["max_relative_error"]) < 1e-5, "fp32 both ways"
-    assert all(u["relative_error"] > 100 * n["relative_error"] for n, u in zip(got["nearest"], got["runner_up"], strict=True))
+    assert all(
+        u["relative_error"] > 100 * n["relative_error"] for n, u in zip(got["nearest"], got["runner_up"], strict=True)
+    )
 
 
 def test_the_check_names_a_slot_that_holds_another_layer(serve_dir, serve_verifier, tmp_path):
-    """The seeds' failure, faked on disk: a file whose slots are shifted by one layer, or the first layer copied over all."""
+    """The seeds' failure, faked on disk: a file whose slots are shifted by one layer, or the first layer copied over all."""  # noqa: E501
     import torch
     from safetensors.torch import save_file
 
@@ -52,11 +60,16 @@ def test_the_check_names_a_slot_that_holds_another_layer(serve_dir, serve_verifi
         hs_dir.mkdir(parents=True)
         for i, r in enumerate(rows):
             every = hidden_states(v, [r], list(range(v.num_layers)))[0]
-            save_file({"token_ids": torch.tensor(r), "hidden_states": every[:, [*ids, 8]].contiguous()}, hs_dir / f"hs_{i}.safetensors")
+            save_file(
+                {"token_ids": torch.tensor(r), "hidden_states": every[:, [*ids, 8]].contiguous()},
+                hs_dir / f"hs_{i}.safetensors",
+            )
         got = extract_vllm.check(v, rows, tmp_path / name, LAYER_IDS)
         assert not got["layers_match"]
         assert [n["layer"] for n in got["nearest"]] == [*ids, 8]
-        assert any(p.startswith(f"slot 1 (id 4): vLLM's state is nearest to id {ids[1]}") for p in got["problems"]), got["problems"]
+        assert any(p.startswith(f"slot 1 (id 4): vLLM's state is nearest to id {ids[1]}") for p in got["problems"]), (
+            got["problems"]
+        )
 
 
 def test_the_probe_gives_the_stock_connectors_error_on_a_cpu_build():

@@ -31,8 +31,15 @@ def _table():
 
 
 def _results() -> dict:
-    return {"serve_all": SERVE_ALL, "complete": set(RESULTS) == set(FAMILIES), "families": [
-        {"name": n, "label": f.label, "served_in_make_test": f.serve or SERVE_ALL, "cells": RESULTS[n]} for n, f in FAMILIES.items() if n in RESULTS]}
+    return {
+        "serve_all": SERVE_ALL,
+        "complete": set(RESULTS) == set(FAMILIES),
+        "families": [
+            {"name": n, "label": f.label, "served_in_make_test": f.serve or SERVE_ALL, "cells": RESULTS[n]}
+            for n, f in FAMILIES.items()
+            if n in RESULTS
+        ],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +63,10 @@ def family_root(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family(name, home, family_root):
-    from families import build_dir
-
     from draftlab.serve import unavailable
     from draftlab.verifier import load_verifier
+
+    from families import build_dir
 
     fam, cells = FAMILIES[name], RESULTS.setdefault(name, dict.fromkeys(CELLS))
     run, out = home / "data" / "runs" / name, {}
@@ -68,8 +75,12 @@ def test_family(name, home, family_root):
         out["v"] = load_verifier(build_dir(name, family_root), device="cpu", dtype="float32")
         return extraction(out["v"], run)
 
-    stages = [("extraction", extract), ("draft", lambda: drafts(out["v"], run)), ("train", lambda: training(out["draft"], run)),
-              ("loop", lambda: loop(out["v"], out["train"]))]
+    stages = [
+        ("extraction", extract),
+        ("draft", lambda: drafts(out["v"], run)),
+        ("train", lambda: training(out["draft"], run)),
+        ("loop", lambda: loop(out["v"], out["train"])),
+    ]
     if fam.serve or SERVE_ALL:
         stages.append(("vLLM", lambda: None if unavailable() else served(out["v"], run)))
     try:
@@ -83,7 +94,9 @@ def test_family(name, home, family_root):
             except Exception as e:  # noqa: BLE001 (an expected refusal is recorded, anything else re-raised)
                 cells[cell] = refusal(name, cell, e)
     except BaseException as e:
-        cells.update({c: f"FAILED: {type(e).__name__}" if c == cell else "not reached" for c in CELLS if cells[c] is None})
+        cells.update(
+            {c: f"FAILED: {type(e).__name__}" if c == cell else "not reached" for c in CELLS if cells[c] is None}
+        )
         raise
     finally:
         path = ROOT / "outputs" / "families" / "results.json"
@@ -102,14 +115,28 @@ def test_readme_table_is_what_this_run_measured():
     t = _table()
     text = (ROOT / "README.md").read_text()
     want = t.render(_results(), t.readme_cells(text))
-    assert t.block(text) == want, "README's family table differs from this run: run `python benchmarks/family_table.py --write`"
+    assert t.block(text) == want, (
+        "README's family table differs from this run: run `python benchmarks/family_table.py --write`"
+    )
     assert t.NOT_RUN not in want, "a cell was never measured: run once with DRAFTLAB_FAMILIES_VLLM=all, then --write"
 
 
 def test_the_table_renders_a_refusal_and_keeps_cells_a_run_did_not_produce():
     t = _table()
-    results = {"families": [{"label": "A", "cells": {"extraction": OK, "draft": "refused: final norm is a LayerNorm", "train": NA,
-                                                      "loop": NA, "vLLM": None}}]}
+    results = {
+        "families": [
+            {
+                "label": "A",
+                "cells": {
+                    "extraction": OK,
+                    "draft": "refused: final norm is a LayerNorm",
+                    "train": NA,
+                    "loop": NA,
+                    "vLLM": None,
+                },
+            }
+        ]
+    }
     old = t.readme_cells(f"{t.START}\n| family | {' | '.join(CELLS)} |\n| --- |\n| A | x | x | x | x | kept |\n{t.END}")
     rows = t.render(results, old).splitlines()
     assert rows[2] == f"| A | {OK} | refused: final norm is a LayerNorm | {NA} | {NA} | kept |"
@@ -133,7 +160,6 @@ def test_rms_norm_conventions_are_told_apart_and_a_layernorm_is_none():
 def test_a_gemma_eagle3_draft_gets_the_gemma_norm_and_without_it_is_refused(home, family_root, tmp_path):
     """speculators' EAGLE-3 rebuilds the verifier's logits with x*w; for Gemma's x*(1+w) draftlab swaps the norm in,
     at build and at every load, and `verify` refuses a draft that computes another norm than the verifier's."""
-    from families import build_dir
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     from draftlab import DraftlabError
@@ -141,13 +167,20 @@ def test_a_gemma_eagle3_draft_gets_the_gemma_norm_and_without_it_is_refused(home
     from draftlab.proposers import load_draft
     from draftlab.verifier import load_verifier
 
+    from families import build_dir
+
     v = load_verifier(build_dir("gemma3", family_root), device="cpu", dtype="float32")
     d = build_eagle3(v, None, num_layers=1)
-    assert type(d.model.verifier_norm).__name__ == "Gemma3RMSNorm" and "swapped for Gemma3RMSNorm" in d.report()["verifier norm"]
+    assert (
+        type(d.model.verifier_norm).__name__ == "Gemma3RMSNorm"
+        and "swapped for Gemma3RMSNorm" in d.report()["verifier norm"]
+    )
     d.model.save_pretrained(tmp_path / "draft")
     assert type(load_draft(tmp_path / "draft", v).model.verifier_norm).__name__ == "Gemma3RMSNorm"
     plain = LlamaRMSNorm(v.hidden_size)
     plain.weight.data.copy_(d.model.verifier_norm.weight)
     d.model.verifier_norm = plain
-    with pytest.raises(DraftlabError, match=r"verifier_norm \(LlamaRMSNorm\) holds verifier .* weight but computes another function"):
+    with pytest.raises(
+        DraftlabError, match=r"verifier_norm \(LlamaRMSNorm\) holds verifier .* weight but computes another function"
+    ):
         verify(d)

@@ -16,9 +16,16 @@ from draftlab.prompts import Prompt
 from draftlab.serve import group_members
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-TEXTS = ["hello how are you today", "what is the capital of france", "def add(a, b): return a + b", "i am fine thank you",
-         "the quick brown fox jumps over the lazy dog and then the fox jumps again", "print('hello world')",
-         "for i in range(10): print(i)", "speculative decoding drafts tokens that a verifier accepts"]
+TEXTS = [
+    "hello how are you today",
+    "what is the capital of france",
+    "def add(a, b): return a + b",
+    "i am fine thank you",
+    "the quick brown fox jumps over the lazy dog and then the fox jumps again",
+    "print('hello world')",
+    "for i in range(10): print(i)",
+    "speculative decoding drafts tokens that a verifier accepts",
+]
 PROMPTS = [Prompt(f"p{i}", "chat", t, "train" if i % 4 else "eval") for i, t in enumerate(TEXTS)]
 N_NEW = 12
 
@@ -29,7 +36,9 @@ def vllm_engine(serve_verifier, tmp_path_factory):
     with Engine(serve_verifier, "vllm", log_path=tmp_path_factory.mktemp("vllm") / "vllm.log") as eng:
         yield eng
         pgid = eng.server.proc.pid if eng.server else None
-    assert eng.server is None and (pgid is None or group_members(pgid) == []), "the server and its engine processes are gone"
+    assert eng.server is None and (pgid is None or group_members(pgid) == []), (
+        "the server and its engine processes are gone"
+    )
 
 
 @pytest.fixture
@@ -56,10 +65,18 @@ def test_vllm_greedy_answers_are_the_hf_answers_in_fp32(serve_verifier, vllm_eng
     assert got == hf, "vLLM fp32 greedy writes transformers' fp32 greedy text"
     assert len(set(hf.values())) > 1 and all(hf.values()), hf
     tok = serve_verifier.tokenizer
-    assert sorted(requests_sent) == sorted(tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
-                                                                   tokenize=True, return_dict=False) for p in PROMPTS)
+    assert sorted(requests_sent) == sorted(
+        tok.apply_chat_template(
+            [{"role": "user", "content": p.text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for p in PROMPTS
+    )
     settings = {tuple(sorted(r["settings"].items())) for r in _lines(tmp_path / "vllm.jsonl")}
-    assert len(settings) == 1 and dict(next(iter(settings)))["engine"] == "vllm" and dict(next(iter(settings)))["gen_dtype"] == "float32"
+    assert (
+        len(settings) == 1
+        and dict(next(iter(settings)))["engine"] == "vllm"
+        and dict(next(iter(settings)))["gen_dtype"] == "float32"
+    )
     assert {r["settings"]["engine"] for r in _lines(tmp_path / "hf.jsonl")} == {"hf"}
     s = vllm_engine.summary()
     assert s["engine"] == "vllm" and s["answers dtype"] == "float32" and s["hidden states dtype"] == "float32"
@@ -67,7 +84,9 @@ def test_vllm_greedy_answers_are_the_hf_answers_in_fp32(serve_verifier, vllm_eng
     assert s["server start-up s"] > 0 and vllm_engine.server.max_model_len == 256
 
 
-def test_an_interrupted_vllm_run_resumes_without_regenerating_finished_prompts(serve_verifier, vllm_engine, tmp_path, requests_sent):
+def test_an_interrupted_vllm_run_resumes_without_regenerating_finished_prompts(
+    serve_verifier, vllm_engine, tmp_path, requests_sent
+):
     path = tmp_path / "responses.jsonl"
     full = generate_responses(serve_verifier, PROMPTS, path, N_NEW, engine=vllm_engine)
     lines = path.read_text().splitlines()
@@ -78,7 +97,10 @@ def test_an_interrupted_vllm_run_resumes_without_regenerating_finished_prompts(s
     again = generate_responses(serve_verifier, PROMPTS, path, N_NEW, engine=vllm_engine)
     assert len(requests_sent) == len(PROMPTS) - 3, "only the unfinished prompts are asked again"
     assert again == full
-    assert generate_responses(serve_verifier, PROMPTS, path, N_NEW, engine=vllm_engine) == full and len(requests_sent) == len(PROMPTS) - 3
+    assert (
+        generate_responses(serve_verifier, PROMPTS, path, N_NEW, engine=vllm_engine) == full
+        and len(requests_sent) == len(PROMPTS) - 3
+    )
     assert {r["id"] for r in _lines(path)[:3]} == kept and len({r["id"] for r in _lines(path)}) == len(PROMPTS)
 
 
@@ -92,8 +114,9 @@ def test_sampled_vllm_answers_are_seeded_per_prompt_and_resumable(serve_verifier
     path = tmp_path / "responses-sampled-0.jsonl"
     path.write_text("\n".join(path.read_text().splitlines()[:2]) + "\n")
     requests_sent.clear()
-    assert sample_responses(serve_verifier, train, tmp_path, 2, 1.0, N_NEW, engine=vllm_engine) == extra, \
+    assert sample_responses(serve_verifier, train, tmp_path, 2, 1.0, N_NEW, engine=vllm_engine) == extra, (
         "a resumed prompt is sampled with its own seed: the answer it had"
+    )
     assert len(requests_sent) == len(train) - 2
 
 
@@ -101,15 +124,26 @@ def test_a_file_made_by_another_engine_is_refused_before_any_server(serve_verifi
     path = tmp_path / "responses.jsonl"
     generate_responses(serve_verifier, PROMPTS[:2], path, 4)
     eng = Engine(serve_verifier, "vllm")
-    with pytest.raises(DraftlabError, match=r"holds responses made with engine='hf', not 'vllm'\. Set engine='hf' to keep them"):
+    with pytest.raises(
+        DraftlabError, match=r"holds responses made with engine='hf', not 'vllm'\. Set engine='hf' to keep them"
+    ):
         generate_responses(serve_verifier, PROMPTS[:2], path, 4, engine=eng)
     assert eng.server is None
     with pytest.raises(DraftlabError, match=r"gen_dtype='float32', not 'bfloat16'"):
         generate_responses(serve_verifier, PROMPTS[:2], path, 4, gen_dtype="bfloat16")
-    legacy = tmp_path / "legacy.jsonl"  # written before engine and gen_dtype were recorded: transformers in the verifier's dtype
-    legacy.write_text("".join(json.dumps({**r, "settings": {k: v for k, v in r["settings"].items() if k not in ("engine", "gen_dtype")}}) + "\n"
-                              for r in _lines(path)))
-    assert generate_responses(serve_verifier, PROMPTS[:2], legacy, 4) == generate_responses(serve_verifier, PROMPTS[:2], path, 4)
+    legacy = (
+        tmp_path / "legacy.jsonl"
+    )  # written before engine and gen_dtype were recorded: transformers in the verifier's dtype
+    legacy.write_text(
+        "".join(
+            json.dumps({**r, "settings": {k: v for k, v in r["settings"].items() if k not in ("engine", "gen_dtype")}})
+            + "\n"
+            for r in _lines(path)
+        )
+    )
+    assert generate_responses(serve_verifier, PROMPTS[:2], legacy, 4) == generate_responses(
+        serve_verifier, PROMPTS[:2], path, 4
+    )
 
 
 def test_auto_falls_back_to_hf_with_the_reason_when_vllm_is_unavailable(serve_verifier, tmp_path, monkeypatch, capsys):
@@ -127,7 +161,13 @@ def test_auto_falls_back_to_hf_with_the_reason_when_vllm_is_unavailable(serve_ve
     assert got == generate_responses(serve_verifier, PROMPTS[:3], tmp_path / "plain.jsonl", 6)
     assert eng.summary()["engine"] == "hf" and "No module named vllm" in eng.summary()["engine reason"]
     with pytest.raises(DraftlabError, match=r"engine='hf', not 'vllm' \(engine='auto' picked 'vllm'\)"):
-        generate_responses(serve_verifier, PROMPTS[:3], tmp_path / "r.jsonl", 6, engine=_working_auto(serve_verifier, monkeypatch, real))
+        generate_responses(
+            serve_verifier,
+            PROMPTS[:3],
+            tmp_path / "r.jsonl",
+            6,
+            engine=_working_auto(serve_verifier, monkeypatch, real),
+        )
 
 
 def _working_auto(verifier, monkeypatch, real: str | None) -> Engine:

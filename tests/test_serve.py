@@ -28,12 +28,18 @@ def draft_dir(serve_verifier, tmp_path_factory):
 def _prompts(v):
     from draftlab.prompts import _chat_ids
 
-    return [{"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(PROMPTS)]
+    return [
+        {"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(PROMPTS)
+    ]
 
 
 def test_the_vllm_environment_imports_vllm_and_its_cli_runs():
     exe = vllm_executable()
-    done = subprocess.run([str(exe.parent / "python"), "-c", "import vllm, torch; print(torch.__version__)"], capture_output=True, text=True)
+    done = subprocess.run(
+        [str(exe.parent / "python"), "-c", "import vllm, torch; print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert unavailable() is None
 
@@ -63,8 +69,9 @@ def test_served_draft_gives_the_verifiers_greedy_output_and_vllms_counters(serve
     alone, run = got["runs"]["verifier alone"], got["runs"]["eagle3"]
     assert run["aux_layers_logged"] == run["aux_layers_checkpoint"] and len(run["aux_layers_checkpoint"]) == 3
     assert alone["vllm_prompt_ids"] == [p["ids"] for p in prompts]
-    assert [o["token_ids"] for o in alone["outputs"]] == [o["token_ids"] for o in run["outputs"]] == refs, \
+    assert [o["token_ids"] for o in alone["outputs"]] == [o["token_ids"] for o in run["outputs"]] == refs, (
         "greedy with the draft is the verifier's own greedy text (fp32)"
+    )
     assert alone["counts"]["drafts"] == 0 and run["drafts"] > 0 and run["draft_tokens"] == K * run["drafts"]
     assert len(run["counts"]["per_pos"]) == K and run["tau"] == pytest.approx(1 + run["accepted"] / run["drafts"])
     loop = summarize(run_prompts(v, make_proposer(load_draft(draft_dir, v), v.vocab_size), prompts, K, N_NEW), K)["all"]
@@ -83,7 +90,9 @@ def test_a_draft_for_another_verifier_is_refused_before_any_process(tiny_dir, dr
 
 def test_a_server_that_fails_to_start_names_the_cause_and_leaves_nothing(serve_dir, tmp_path):
     s = Server(serve_dir, max_model_len=100_000, log_path=tmp_path / "vllm.log")  # the verifier allows 512 positions
-    with pytest.raises(DraftlabError, match=r"(?s)vLLM exited with code \d+ before serving: .*max_model_len.*last lines of"):
+    with pytest.raises(
+        DraftlabError, match=r"(?s)vLLM exited with code \d+ before serving: .*max_model_len.*last lines of"
+    ):
         s.start()
     assert group_members(s.proc.pid) == []
 
@@ -101,13 +110,24 @@ def test_an_interrupt_while_starting_stops_the_server(serve_dir, tmp_path, monke
 
 
 def test_counters_parse_and_per_position_definitions_agree():
-    page = "\n".join([
-        "# TYPE vllm:spec_decode_num_drafts_total counter", 'vllm:spec_decode_num_drafts_total{engine="0"} 10.0',
-        "# TYPE vllm:spec_decode_num_draft_tokens_total counter", 'vllm:spec_decode_num_draft_tokens_total{engine="0"} 30.0',
-        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter", 'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 12.0',
-        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
-        *[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {c}' for i, c in enumerate((6.0, 4.0, 2.0))],
-    ]) + "\n"
+    page = (
+        "\n".join(
+            [
+                "# TYPE vllm:spec_decode_num_drafts_total counter",
+                'vllm:spec_decode_num_drafts_total{engine="0"} 10.0',
+                "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
+                'vllm:spec_decode_num_draft_tokens_total{engine="0"} 30.0',
+                "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+                'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 12.0',
+                "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
+                *[
+                    f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {c}'
+                    for i, c in enumerate((6.0, 4.0, 2.0))
+                ],
+            ]
+        )
+        + "\n"
+    )
     zero = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_pos": []}
     m = served.served_metrics(served.delta(zero, served.spec_counters(page)))
     assert m["tau"] == pytest.approx(2.2) and m["acceptance_rate"] == pytest.approx(0.4)
@@ -117,16 +137,23 @@ def test_counters_parse_and_per_position_definitions_agree():
 
     steps = [Step(3, a, 0) for a in (3, 3, 2, 2, 1, 1, 0, 0, 0, 0)]  # the same 10 passes, as draftlab counts them
     assert served.loop_unconditional(steps, 3) == pytest.approx(m["per_position_unconditional"])
-    assert metrics(steps, 3)["alpha_n"] == pytest.approx(m["alpha_n"]) and metrics(steps, 3)["tau"] == pytest.approx(m["tau"])
+    assert metrics(steps, 3)["alpha_n"] == pytest.approx(m["alpha_n"]) and metrics(steps, 3)["tau"] == pytest.approx(
+        m["tau"]
+    )
 
 
 def test_a_verifier_vllm_cannot_serve_leaves_the_rest_of_stage_05_running(tiny):
     """The shared tiny verifier has head_dim 8, which vLLM's CPU attention does not take."""
-    got = served.measure(tiny, {}, [{"id": "p", "text": "hello", "ids": [5, 6, 7]}], K, 4, tiny.path.parent / "served-logs")
+    got = served.measure(
+        tiny, {}, [{"id": "p", "text": "hello", "ids": [5, 6, 7]}], K, 4, tiny.path.parent / "served-logs"
+    )
     assert got["available"] is False and got["reason"].startswith("vLLM could not serve the verifier: vLLM "), got
     left = _engine_processes(tiny.path)
     assert left == [], "the server that could not serve is stopped"
-    assert served.report(tiny, [], [], got, {}, {}) == {} and served.for_metrics(got, {}) == {"available": False, "reason": got["reason"]}
+    assert served.report(tiny, [], [], got, {}, {}) == {} and served.for_metrics(got, {}) == {
+        "available": False,
+        "reason": got["reason"],
+    }
 
 
 def test_a_tau_gap_over_ten_percent_warns_with_the_checks(tiny):
@@ -134,18 +161,28 @@ def test_a_tau_gap_over_ten_percent_warns_with_the_checks(tiny):
     run = {"aux_layers_logged": [2, 4, 5], "aux_layers_checkpoint": [2, 4, 5], "draft_vocab_size": 64}
     fake = {"dtype": "float32", "runs": {"verifier alone": {"vllm_prompt_ids": [[1, 2, 3], [4, 9]]}, "eagle3": run}}
     rows = [{"proposer": "eagle3", "draftlab tau": 2.0, "vLLM tau": 1.1, "relative difference": 1.1 / 2.0 - 1}]
-    with pytest.warns(served.ServedGapWarning, match=r"eagle3: vLLM tau 1.100 vs draftlab 2.000 \(-45%\); checks: .*1/2 prompts differ, first at token 1 of p1"):
+    with pytest.warns(
+        served.ServedGapWarning,
+        match=r"eagle3: vLLM tau 1.100 vs draftlab 2.000 \(-45%\); "
+        r"checks: .*1/2 prompts differ, first at token 1 of p1",
+    ):
         assert served.warn_on_gaps(tiny, prompts, fake, rows) == ["eagle3"]
     assert served.warn_on_gaps(tiny, prompts, fake, [{**rows[0], "vLLM tau": 1.9, "relative difference": -0.05}]) == []
 
 
 def test_the_reason_given_is_vllms_root_cause_not_the_engines_wrapper(tiny_dir, tmp_path):
     log = tmp_path / "vllm.log"
-    log.write_text("(Worker pid=1) ERROR [multiproc_executor.py:953] RuntimeError: Model does not support EAGLE3 interface but "
-                   "aux_hidden_state_outputs was requested\n(EngineCore pid=2) ERROR [core.py:1510] Exception: WorkerProc "
-                   "initialization failed due to an exception in a background process. See stack trace for root cause.\n"
-                   "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    log.write_text(
+        "(Worker pid=1) ERROR [multiproc_executor.py:953] RuntimeError: Model does not support EAGLE3 interface but "
+        "aux_hidden_state_outputs was requested\n(EngineCore pid=2) ERROR [core.py:1510] Exception: WorkerProc "
+        "initialization failed due to an exception in a background process. See stack trace for root cause.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
     s = Server(tiny_dir, log_path=log)
-    assert s.cause() == "RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested"
+    assert (
+        s.cause() == "RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested"
+    )
     log.write_text("RuntimeError: Engine core initialization failed. See root cause above.\n")
-    assert s.cause().startswith("RuntimeError: Engine core initialization failed"), "with nothing else logged, the wrapper"
+    assert s.cause().startswith("RuntimeError: Engine core initialization failed"), (
+        "with nothing else logged, the wrapper"
+    )

@@ -20,9 +20,9 @@ IDS = [2, 4, 5]
 @pytest.fixture(scope="module")
 def home(tmp_path_factory, tiny):
     """DRAFTLAB_HOME with data/runs/tiny/{train,eval} made the way notebook 01 makes them."""
-    from conftest import random_rows
-
     from draftlab import dataset, extract, vocab
+
+    from conftest import random_rows
 
     root = tmp_path_factory.mktemp("home")
     run = root / "data" / "runs" / "tiny"
@@ -57,7 +57,10 @@ def test_twenty_steps_equal_ten_plus_resume_plus_ten(tiny, data, tmp_path, kind)
     resumed = train(make(tiny, data, kind, seed=123), data, Settings(**S), tmp_path / "b", resume=True, progress=False)
     a, b = read_metrics(straight), read_metrics(resumed)
     assert [(r["step"], r["split"]) for r in a] == [(r["step"], r["split"]) for r in b]
-    assert len([r for r in a if r["split"] == "train"]) == 20 and [r["step"] for r in a if r["split"] == "eval"] == [10, 20]
+    assert len([r for r in a if r["split"] == "train"]) == 20 and [r["step"] for r in a if r["split"] == "eval"] == [
+        10,
+        20,
+    ]
     torch.testing.assert_close([r["loss"] for r in a], [r["loss"] for r in b], rtol=1e-5, atol=1e-6)
     assert [r["lr"] for r in a] == [r["lr"] for r in b]
     assert a[0]["loss"] > a[-2]["loss"], "training should lower the loss"
@@ -65,11 +68,21 @@ def test_twenty_steps_equal_ten_plus_resume_plus_ten(tiny, data, tmp_path, kind)
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_packs_read_ahead_by_worker_processes_train_exactly_the_same(tiny, data, tmp_path, kind):
-    runs = [train(make(tiny, data, kind), data, Settings(**{**S, "steps": 8, "loader_workers": w}), tmp_path / str(w),
-                  progress=False) for w in (0, 2)]
+    runs = [
+        train(
+            make(tiny, data, kind),
+            data,
+            Settings(**{**S, "steps": 8, "loader_workers": w}),
+            tmp_path / str(w),
+            progress=False,
+        )
+        for w in (0, 2)
+    ]
     a, b = (read_metrics(r) for r in runs)
     assert [r["split"] for r in a] == [r["split"] for r in b] == ["train"] * 8 + ["eval"]
-    assert [r["loss"] for r in a] == [r["loss"] for r in b] and [r.get("epoch") for r in a] == [r.get("epoch") for r in b]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b] and [r.get("epoch") for r in a] == [
+        r.get("epoch") for r in b
+    ]
 
 
 def test_loader_workers_only_where_the_gpu_would_wait():
@@ -87,25 +100,33 @@ def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data):
     run = train(d, data, Settings(**{**S, "steps": 6, "eval_every": 3, "checkpoint_every": 2}), progress=False)
     assert run == data / "drafts" / "eagle3" and final_checkpoint("tiny", "eagle3") == run / "final"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4", "step-6"]  # the newest two are kept
-    assert {p.name for p in (run / "checkpoints" / "step-6").iterdir()} >= {"config.json", "model.safetensors", "trainer_state.pt"}
+    assert {p.name for p in (run / "checkpoints" / "step-6").iterdir()} >= {
+        "config.json",
+        "model.safetensors",
+        "trainer_state.pt",
+    }
     assert {"config.json", "model.safetensors"} <= {p.name for p in (run / "final").iterdir()}
     assert not (run / "final" / "trainer_state.pt").exists()
     assert json.loads((run / "final" / "config.json").read_text())["speculators_model_type"] == "eagle3"
     rec = read_metrics(run)
     train_rec = [r for r in rec if r["split"] == "train"]
-    assert {"step", "split", "loss", "lr", "tokens_per_s", "full_acc_0", "full_acc_2", "cond_acc_1"} <= set(train_rec[0])
+    assert {"step", "split", "loss", "lr", "tokens_per_s", "full_acc_0", "full_acc_2", "cond_acc_1"} <= set(
+        train_rec[0]
+    )
     assert train_rec[0]["lr"] == 0.0 and max(r["lr"] for r in train_rec) == pytest.approx(3e-3)  # warm-up then cosine
     assert [r["step"] for r in rec if r["split"] == "eval"] == [3, 6]
-    assert all(r["seconds"] > 0 and 0 < round(r["tokens_per_s"] * r["seconds"]) <= 96 for r in train_rec)  # tokens of one pack
+    assert all(
+        r["seconds"] > 0 and 0 < round(r["tokens_per_s"] * r["seconds"]) <= 96 for r in train_rec
+    )  # tokens of one pack
     assert summary("eagle3", rec)["first step (s)"] == train_rec[0]["seconds"]
     r = check_reload(d, final_checkpoint("tiny", "eagle3"), data, 96)
     assert r["identical tensors"] and r["identical outputs"] and r["loss"] == r["reloaded loss"]
 
 
 def test_data_of_another_verifier_is_refused(tiny, data, tmp_path):
-    from conftest import make_model
-
     from draftlab.verifier import load_verifier
+
+    from conftest import make_model
 
     make_model(tiny.vocab_size, layers=6).save_pretrained(tmp_path / "other")
     tiny.tokenizer.save_pretrained(tmp_path / "other")
@@ -144,8 +165,13 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tiny,
 
     d.forward = poisoned
     try:
-        train(d, data, Settings(**{**S, "checkpoint_every": 5, "eval_every": 100, "loader_workers": workers}), tmp_path / "run",
-              progress=False)
+        train(
+            d,
+            data,
+            Settings(**{**S, "checkpoint_every": 5, "eval_every": 100, "loader_workers": workers}),
+            tmp_path / "run",
+            progress=False,
+        )
     except DraftlabError as err:
         stopped = err  # its traceback (and train's frame) kept alive, as a notebook keeps the last one
     assert re.search(r"at step 7: .*step-5", str(stopped))
@@ -154,10 +180,16 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tiny,
     assert not (tmp_path / "run" / "final").exists()
     from safetensors.torch import load_file
 
-    assert all(torch.isfinite(t).all() for t in load_file(tmp_path / "run" / "checkpoints" / "step-5" / "model.safetensors").values() if t.is_floating_point())
+    assert all(
+        torch.isfinite(t).all()
+        for t in load_file(tmp_path / "run" / "checkpoints" / "step-5" / "model.safetensors").values()
+        if t.is_floating_point()
+    )
 
 
-@pytest.mark.parametrize(("change", "field"), [(dict(num_layers=2), "num_layers"), (dict(settings=dict(ttt_steps=2)), "ttt_steps")])
+@pytest.mark.parametrize(
+    ("change", "field"), [(dict(num_layers=2), "num_layers"), (dict(settings=dict(ttt_steps=2)), "ttt_steps")]
+)
 def test_resume_with_changed_parameters_is_refused_naming_the_field(tiny, data, tmp_path, change, field):
     train(make(tiny, data), data, Settings(**S), tmp_path / "run", stop_after=2, progress=False)
     settings = Settings(**{**S, **change.pop("settings", {})})
@@ -181,8 +213,16 @@ def test_torchrun_command_parses_with_speculators_own_cli(tiny, data, tmp_path, 
     assert cmd[0] == "torchrun" or cmd[1:3] == ["-m", "torch.distributed.run"]  # this Python's launcher either way
     cfg = TrainConfig.resolve(cmd[i:])
     assert cfg.speculator_type == kind and cfg.optimizer.optimizer == "adamw" and cfg.optimizer.lr == s.learning_rate
-    assert cfg.scheduler.scheduler_type == "cosine" and cfg.trainer.max_steps == s.steps and cfg.draft.target_layer_ids == IDS
-    assert (cfg.loss.ttt_steps == s.ttt_steps) if kind == "eagle3" else (cfg.dflash.block_size == 4 and cfg.data.max_anchors == 8)
+    assert (
+        cfg.scheduler.scheduler_type == "cosine"
+        and cfg.trainer.max_steps == s.steps
+        and cfg.draft.target_layer_ids == IDS
+    )
+    assert (
+        (cfg.loss.ttt_steps == s.ttt_steps)
+        if kind == "eagle3"
+        else (cfg.dflash.block_size == 4 and cfg.data.max_anchors == 8)
+    )
     flat = cfg.flatten()
     assert flat["num_workers"] == 4 and flat["prefetch_factor"] == 4 and flat["on_missing"] == "raise"
     assert not flat["save_best"]
@@ -223,12 +263,24 @@ def run_as_speculators(flat: dict, data, tmp_path) -> tuple[int, list]:
     T = flat["total_seq_len"]
     ds = ArrowDataset(T, flat["data_path"], on_missing="raise", train_ratio=flat["train_data_ratio"])
     sampler = MultipackDistributedBatchSamplerV2(T, ds.approx_lengths, num_replicas=1, rank=0, seed=flat["seed"])
-    config = TrainerConfig(lr=1.0, num_epochs=flat["epochs"], save_path=str(tmp_path), checkpoint_freq=flat["checkpoint_freq"],
-                           save_best=flat["save_best"], max_steps=flat["max_steps"])
+    config = TrainerConfig(
+        lr=1.0,
+        num_epochs=flat["epochs"],
+        save_path=str(tmp_path),
+        checkpoint_freq=flat["checkpoint_freq"],
+        save_best=flat["save_best"],
+        max_steps=flat["max_steps"],
+    )
     saved = []
-    fake = SimpleNamespace(config=config, is_distributed=False, model=None, optimizers=[], schedulers=[],
-                           _save_training_state=lambda e, s: None,
-                           checkpointer=SimpleNamespace(path=tmp_path, save_checkpoint=lambda m, o, e: saved.append(e)))
+    fake = SimpleNamespace(
+        config=config,
+        is_distributed=False,
+        model=None,
+        optimizers=[],
+        schedulers=[],
+        _save_training_state=lambda e, s: None,
+        checkpointer=SimpleNamespace(path=tmp_path, save_checkpoint=lambda m, o, e: saved.append(e)),
+    )
     step, freq = 0, config.checkpoint_freq
     for epoch in range(config.num_epochs):
         sampler.set_epoch(epoch)
@@ -461,7 +513,13 @@ def test_an_interrupt_stops_the_training_processes(tiny, data, monkeypatch):
     monkeypatch.setattr(train_jobs.subprocess, "Popen", Recorded)
     monkeypatch.setattr(train_jobs.time, "sleep", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        train_jobs.train_drafts({"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash")}, data, Settings(**S), side=True, progress=False)
+        train_jobs.train_drafts(
+            {"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash")},
+            data,
+            Settings(**S),
+            side=True,
+            progress=False,
+        )
     assert len(started) == 2 and all(p.returncode is not None for p in started)
     assert not (data / "drafts" / "eagle3" / "job" / "result.json").exists()
 
@@ -469,12 +527,21 @@ def test_an_interrupt_stops_the_training_processes(tiny, data, monkeypatch):
 def test_a_dict_where_settings_belong_is_named(tiny, tmp_path):
     from draftlab.draft import build_eagle3
 
-    with pytest.raises(DraftlabError, match=r"train\(\) takes a draftlab.train.Settings, not a dict: pass Settings\(\*\*\{'steps': 1\}\)"):
+    with pytest.raises(
+        DraftlabError,
+        match=r"train\(\) takes a draftlab.train.Settings, not a dict: pass Settings\(\*\*\{'steps': 1\}\)",
+    ):
         train(build_eagle3(tiny, None), tmp_path, {"steps": 1})
 
 
 def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_path):
-    first = train(make(tiny, data), data, Settings(**{**S, "steps": 2, "checkpoint_every": 2, "eval_every": 2}), tmp_path / "run", progress=False)
+    first = train(
+        make(tiny, data),
+        data,
+        Settings(**{**S, "steps": 2, "checkpoint_every": 2, "eval_every": 2}),
+        tmp_path / "run",
+        progress=False,
+    )
     weights = (first / "final" / "model.safetensors").read_bytes()
     d = make(tiny, data, seed=1)
     real, calls = d.forward, []
@@ -489,8 +556,16 @@ def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_
         train(d, data, Settings(**{**S, "steps": 6, "checkpoint_every": 5, "eval_every": 5}), first, progress=False)
     prev = first / ".previous"
     assert (prev / "final" / "model.safetensors").read_bytes() == weights and (prev / "checkpoints" / "step-2").is_dir()
-    again = train(make(tiny, data, seed=2), data, Settings(**{**S, "steps": 2, "checkpoint_every": 2, "eval_every": 2}), first, progress=False)
-    assert not prev.exists() and (again / "final" / "model.safetensors").exists(), "set aside only until the new run checkpoints"
+    again = train(
+        make(tiny, data, seed=2),
+        data,
+        Settings(**{**S, "steps": 2, "checkpoint_every": 2, "eval_every": 2}),
+        first,
+        progress=False,
+    )
+    assert not prev.exists() and (again / "final" / "model.safetensors").exists(), (
+        "set aside only until the new run checkpoints"
+    )
 
 
 @pytest.mark.parametrize("damage", ["cut", "altered"])

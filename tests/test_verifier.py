@@ -3,11 +3,12 @@ import json
 import pytest
 import torch
 
-from conftest import make_tokenizer
 from draftlab import DraftlabError
 from draftlab.dataset import build_rows
 from draftlab.prompts import Prompt
 from draftlab.verifier import embedded_gguf, load_verifier, resolve_verifier
+
+from conftest import make_tokenizer
 
 
 def test_nested_verifier_unwraps_text_config_and_language_model_prefix(nested_dir, tiny):
@@ -44,8 +45,15 @@ def test_bad_verifier_paths_get_clear_errors(tmp_path, tiny_dir):
 def test_verifier_without_lm_head_is_refused(tmp_path, tiny_dir):
     from transformers import LlamaConfig, LlamaModel
 
-    LlamaModel(LlamaConfig(**{k: v for k, v in json.loads((tiny_dir / "config.json").read_text()).items()
-                              if k not in ("architectures",)})).save_pretrained(tmp_path)
+    LlamaModel(
+        LlamaConfig(
+            **{
+                k: v
+                for k, v in json.loads((tiny_dir / "config.json").read_text()).items()
+                if k not in ("architectures",)
+            }
+        )
+    ).save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["architectures"] = ["LlamaModel"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -78,7 +86,9 @@ def test_cpu_verifier_hands_grouped_heads_to_sdpa_and_generates_the_same_tokens(
     ref = AutoModelForCausalLM.from_pretrained(tiny_dir, attn_implementation="sdpa").eval()
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(5, tiny.vocab_size, (n,), generator=g).tolist() for n in (3, 9, 6)]
-    batch = tiny.tokenizer.pad({"input_ids": rows}, padding_side="left", return_tensors="pt")  # masked: the path that copied
+    batch = tiny.tokenizer.pad(
+        {"input_ids": rows}, padding_side="left", return_tensors="pt"
+    )  # masked: the path that copied
     with torch.no_grad():
         assert torch.allclose(tiny.model(**batch).logits, ref(**batch).logits, atol=1e-5)
         kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=tiny.tokenizer.pad_token_id)
@@ -122,7 +132,9 @@ def test_an_empty_weights_file_and_a_non_causal_directory_are_named(tiny_dir, tm
     bert.mkdir()
     (bert / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"], "model_type": "bert"}))
     (bert / "model.safetensors").write_bytes(b"\0" * 64)
-    with pytest.raises(DraftlabError, match=r"is a \['BertForMaskedLM'\] checkpoint: draftlab needs a decoder-only causal LM"):
+    with pytest.raises(
+        DraftlabError, match=r"is a \['BertForMaskedLM'\] checkpoint: draftlab needs a decoder-only causal LM"
+    ):
         resolve_verifier(bert)
 
 
@@ -130,7 +142,11 @@ def test_a_dtype_mismatch_names_the_dtype_to_pass(tiny_dir):
     from draftlab.draft import build_eagle3
 
     v = load_verifier(tiny_dir, device="cpu", dtype="bfloat16")
-    with pytest.raises(DraftlabError, match=r"draft dtype float32 \(from dtype='float32' on cpu\) differs from the verifier's bfloat16; build with dtype='bfloat16'"):
+    with pytest.raises(
+        DraftlabError,
+        match=r"draft dtype float32 \(from dtype='float32' on cpu\) differs "
+        r"from the verifier's bfloat16; build with dtype='bfloat16'",
+    ):
         build_eagle3(v, None, dtype="float32")
     assert build_eagle3(v, None).dtype == v.dtype  # 'auto' is the loaded verifier's dtype
 
@@ -152,4 +168,6 @@ def test_the_fingerprint_sees_other_weights_of_the_same_shape_and_is_cached(tiny
     assert fingerprint(tuned, cache) != fingerprint(tiny_dir, cache)
     assert len(json.loads(cache.read_text())) == 2
     before = cache.stat().st_mtime_ns
-    assert fingerprint(tuned, cache) == fingerprint(tuned, cache) and cache.stat().st_mtime_ns == before, "read from the cache"
+    assert fingerprint(tuned, cache) == fingerprint(tuned, cache) and cache.stat().st_mtime_ns == before, (
+        "read from the cache"
+    )

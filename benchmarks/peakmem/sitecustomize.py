@@ -21,9 +21,18 @@ def _report():
     if multiprocessing.parent_process() is not None:
         return
     with open(os.environ["DRAFTLAB_PEAK_FILE"], "a") as f:
-        f.write(json.dumps({"pid": os.getpid(), "local_rank": os.environ.get("LOCAL_RANK"), "argv": sys.argv[:3],
-                            "max_allocated_mib": torch.cuda.max_memory_allocated() / 2**20,
-                            "max_reserved_mib": torch.cuda.max_memory_reserved() / 2**20}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "local_rank": os.environ.get("LOCAL_RANK"),
+                    "argv": sys.argv[:3],
+                    "max_allocated_mib": torch.cuda.max_memory_allocated() / 2**20,
+                    "max_reserved_mib": torch.cuda.max_memory_reserved() / 2**20,
+                }
+            )
+            + "\n"
+        )
 
 
 if os.environ.get("DRAFTLAB_PEAK_FILE"):

@@ -56,7 +56,11 @@ def verify_sampled(p: torch.Tensor, proposal: Proposal, generator: torch.Generat
     """(accepted, bonus) by rejection sampling. p: [d+1, V] verifier probabilities; proposal.q: [d, V]
     draft probabilities, or None for a deterministic proposer (q is then a point mass on the draft)."""
     for i, tok in enumerate(proposal.tokens):
-        q = proposal.q[i] if proposal.q is not None else torch.zeros_like(p[i]).index_fill_(0, torch.tensor([tok], device=p.device), 1.0)
+        q = (
+            proposal.q[i]
+            if proposal.q is not None
+            else torch.zeros_like(p[i]).index_fill_(0, torch.tensor([tok], device=p.device), 1.0)
+        )
         u = torch.rand((), generator=generator, device=generator.device).item()
         if u * float(q[tok]) < float(p[i, tok]):  # u < p/q without dividing by zero
             continue
@@ -85,21 +89,38 @@ class Verifier1Pass:
 
 
 @torch.no_grad()
-def speculative_generate(verifier, proposer: Proposer, prompt_ids: list[int], k: int, max_new_tokens: int,
-                         temperature: float = 0.0, seed: int = 0, eos_id: int | None = -1) -> Generation:
+def speculative_generate(
+    verifier,
+    proposer: Proposer,
+    prompt_ids: list[int],
+    k: int,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    eos_id: int | None = -1,
+) -> Generation:
     """Generate up to max_new_tokens with `proposer` drafting k tokens per verifier pass; eos_id=-1 means
     the tokenizer's eos, None never stops early. Returns the tokens and one `Step` per decode pass."""
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in (k, max_new_tokens)):
-        raise DraftlabError(f"speculative_generate needs whole numbers for k and max_new_tokens (got k={k!r}, max_new_tokens={max_new_tokens!r}).")
+        raise DraftlabError(
+            "speculative_generate needs whole numbers for k and "
+            f"max_new_tokens (got k={k!r}, max_new_tokens={max_new_tokens!r})."
+        )
     if k < 0 or max_new_tokens < 1 or not prompt_ids:
-        raise DraftlabError(f"speculative_generate needs k >= 0, max_new_tokens >= 1 and a prompt (got k={k}, max_new_tokens={max_new_tokens}, {len(prompt_ids)} prompt tokens).")
+        raise DraftlabError(
+            f"speculative_generate needs k >= 0, max_new_tokens >= 1 and a prompt (got k={k}, "
+            f"max_new_tokens={max_new_tokens}, {len(prompt_ids)} prompt tokens)."
+        )
     limit = getattr(verifier.config, "max_position_embeddings", None)
     if limit and len(prompt_ids) + max_new_tokens > limit:
         import warnings
 
-        warnings.warn(f"a prompt of {len(prompt_ids)} tokens plus {max_new_tokens} new ones passes the verifier's position limit "
-                      f"({limit}): past it its outputs are not what it was trained to give. Shorten the prompt or max_new_tokens.",
-                      stacklevel=2)
+        warnings.warn(
+            f"a prompt of {len(prompt_ids)} tokens plus {max_new_tokens} new ones passes the verifier's position limit "
+            f"({limit}): past it its outputs are not what it was "
+            "trained to give. Shorten the prompt or max_new_tokens.",
+            stacklevel=2,
+        )
     if temperature < 0:
         raise DraftlabError(f"temperature={temperature} must be >= 0 (0 means greedy verification).")
     eos_id = verifier.tokenizer.eos_token_id if eos_id == -1 else eos_id
@@ -107,11 +128,19 @@ def speculative_generate(verifier, proposer: Proposer, prompt_ids: list[int], k:
     run = Verifier1Pass(verifier, proposer.layer_ids)
     proposer.reset(list(prompt_ids))
     logits, aux = run(list(prompt_ids))  # prefill: one pass, one token, no draft
-    first = int(logits[-1].argmax()) if temperature == 0 else int(torch.multinomial(probs(logits[-1], temperature), 1, generator=gen))
+    first = (
+        int(logits[-1].argmax())
+        if temperature == 0
+        else int(torch.multinomial(probs(logits[-1], temperature), 1, generator=gen))
+    )
     proposer.update(aux, len(prompt_ids))
     ids = [*prompt_ids, first]
-    out = Generation(list(prompt_ids), [first], ["prefill"],
-                     settings={"proposer": proposer.name, "topology": "chain", "k": k, "temperature": temperature, "seed": seed})
+    out = Generation(
+        list(prompt_ids),
+        [first],
+        ["prefill"],
+        settings={"proposer": proposer.name, "topology": "chain", "k": k, "temperature": temperature, "seed": seed},
+    )
     while len(out.tokens) < max_new_tokens and out.tokens[-1] != eos_id:
         room = min(k, max_new_tokens - len(out.tokens) - 1)
         prop = proposer.propose(ids, room, temperature, gen) if room > 0 else Proposal([])
@@ -145,5 +174,13 @@ def metrics(steps: list[Step], k: int) -> dict:
         reached = sum(1 for s in steps if s.drafted >= pos and s.accepted >= pos - 1)
         alpha.append(sum(1 for s in steps if s.accepted >= pos) / reached if reached else None)
     hist = [sum(1 for s in steps if s.accepted == a) for a in range(k + 1)]
-    return {"tau": (accepted + n) / n, "acceptance_rate": accepted / drafted if drafted else 0.0, "alpha_n": alpha,
-            "accepted_hist": hist, "steps": n, "drafted": drafted, "accepted": accepted, "mean_drafted": drafted / n}
+    return {
+        "tau": (accepted + n) / n,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "alpha_n": alpha,
+        "accepted_hist": hist,
+        "steps": n,
+        "drafted": drafted,
+        "accepted": accepted,
+        "mean_drafted": drafted / n,
+    }

@@ -25,20 +25,26 @@ def load_spec_prompts(run_dir: Path, tokenizer, split: str = "bench", n: int | N
 
     path = Path(run_dir) / "prompts.jsonl"
     if not path.exists():
-        raise DraftlabError(f"{path} is missing: run notebook 01 for this dataset_name first (it writes the prompt set "
-                            "with its train / eval / bench splits).")
+        raise DraftlabError(
+            f"{path} is missing: run notebook 01 for this dataset_name first (it writes the prompt set "
+            "with its train / eval / bench splits)."
+        )
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["split"] == split]
     if not rows:
-        raise DraftlabError(f"{path} holds no {split!r} prompts; raise n_sharegpt/n_chat/n_code, or "
-                            f"{'bench_fraction' if split == 'bench' else 'eval_fraction'}, in notebook 01.")
+        raise DraftlabError(
+            f"{path} holds no {split!r} prompts; raise n_sharegpt/n_chat/n_code, or "
+            f"{'bench_fraction' if split == 'bench' else 'eval_fraction'}, in notebook 01."
+        )
     by_source = {s: [r for r in rows if r["source"] == s] for s in sorted({r["source"] for r in rows})}
     mixed = [r for group in zip(*by_source.values(), strict=False) for r in group]
     mixed += [r for r in rows if r not in mixed]
     return [{**r, "ids": _chat_ids(tokenizer, r["text"])} for r in mixed[:n]]
 
 
-def run_prompts(verifier, proposer, prompts: list[dict], k: int, max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> list[Generation]:
+def run_prompts(
+    verifier, proposer, prompts: list[dict], k: int, max_new_tokens: int, temperature: float = 0.0, seed: int = 0
+) -> list[Generation]:
     gens = []
     for i, p in enumerate(prompts):
         g = speculative_generate(verifier, proposer, p["ids"], k, max_new_tokens, temperature, seed + i)
@@ -47,8 +53,9 @@ def run_prompts(verifier, proposer, prompts: list[dict], k: int, max_new_tokens:
     return gens
 
 
-def run_all(verifier, proposers: dict, prompts: list[dict], k: int, max_new_tokens: int, temperature: float = 0.0,
-            seed: int = 0) -> tuple[dict, dict]:
+def run_all(
+    verifier, proposers: dict, prompts: list[dict], k: int, max_new_tokens: int, temperature: float = 0.0, seed: int = 0
+) -> tuple[dict, dict]:
     """Every proposer over the same prompts: ({name: generations}, {name: wall seconds, drafting included})."""
     runs, seconds = {}, {}
     for name, prop in proposers.items():
@@ -62,8 +69,13 @@ def run_all(verifier, proposers: dict, prompts: list[dict], k: int, max_new_toke
 def verifier_greedy(verifier, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """transformers' own greedy `generate`, cut after eos: the reference every greedy output must equal."""
     x = torch.tensor([prompt_ids], device=verifier.device)
-    out = verifier.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
-                                  pad_token_id=verifier.tokenizer.pad_token_id)[0, x.shape[1]:].tolist()
+    out = verifier.model.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=verifier.tokenizer.pad_token_id,
+    )[0, x.shape[1] :].tolist()
     eos = verifier.tokenizer.eos_token_id
     return out[: out.index(eos) + 1] if eos in out else out
 
@@ -72,11 +84,20 @@ def lossless_rows(verifier, prompts: list[dict], refs: list[list[int]], greedy_r
     """Per proposer, over all prompts: greedy speculative output identical to `refs`, or a near-tie (bf16)."""
     rows = []
     for name, gens in greedy_runs.items():
-        checks = [greedy_agreement(verifier, p["ids"], g.tokens, ref) for p, g, ref in zip(prompts, gens, refs, strict=True)]
+        checks = [
+            greedy_agreement(verifier, p["ids"], g.tokens, ref) for p, g, ref in zip(prompts, gens, refs, strict=True)
+        ]
         same = sum(c["first divergence"] is None and c["lossless"] for c in checks)
-        rows.append({"proposer": name, "prompts": len(prompts), "identical": same, "near-tie (bf16)": sum(c["lossless"] for c in checks) - same,
-                     "lossless": sum(c["lossless"] for c in checks),
-                     "largest logit gap": max(c["logit gap"] for c in checks)})
+        rows.append(
+            {
+                "proposer": name,
+                "prompts": len(prompts),
+                "identical": same,
+                "near-tie (bf16)": sum(c["lossless"] for c in checks) - same,
+                "lossless": sum(c["lossless"] for c in checks),
+                "largest logit gap": max(c["logit gap"] for c in checks),
+            }
+        )
     return rows
 
 
@@ -87,10 +108,16 @@ def greedy_agreement(verifier, prompt_ids: list[int], got: list[int], ref: list[
     divergence counts as lossless only at a near-tie: the chosen token's logit, in one full forward
     over prompt + ref, within `slack` machine epsilons of the verifier's dtype (relative) of the maximum."""
     eos = verifier.tokenizer.eos_token_id
-    n = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
+    n = next((i for i, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), None)
     if n is None:
         complete = len(got) == len(ref) or bool(got) and got[-1] == eos
-        return {"identical tokens": min(len(got), len(ref)), "first divergence": None, "logit gap": 0.0, "tolerance": 0.0, "lossless": complete}
+        return {
+            "identical tokens": min(len(got), len(ref)),
+            "first divergence": None,
+            "logit gap": 0.0,
+            "tolerance": 0.0,
+            "lossless": complete,
+        }
     logits = verifier.model(torch.tensor([prompt_ids + ref[:n]], device=verifier.device)).logits[0, -1].float()
     gap = (logits.max() - logits[got[n]]).item()
     tol = slack * torch.finfo(verifier.dtype).eps * logits.max().abs().item()
@@ -111,7 +138,9 @@ def hardware(device) -> str:
     cpu = platform.processor() or platform.machine()
     info = Path("/proc/cpuinfo")
     if info.exists():
-        cpu = next((ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")), cpu)
+        cpu = next(
+            (ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")), cpu
+        )
     return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s)"
 
 
@@ -140,7 +169,10 @@ def offline_alpha(draft, data_dir: Path, k: int | None = None, max_rows: int = 6
         raise DraftlabError(f"offline estimate for {draft.kind} is not wired yet; only eagle3.")
     man = manifest.read(data_dir)
     if man is None or list(man["layer_ids"]) != list(draft.model.target_layer_ids):
-        raise DraftlabError(f"{data_dir}: layer ids {man and man['layer_ids']} differ from the draft's {draft.model.target_layer_ids}; use the stage-01 data the draft was trained on.")
+        raise DraftlabError(
+            f"{data_dir}: layer ids {man and man['layer_ids']} differ from the draft's "
+            f"{draft.model.target_layer_ids}; use the stage-01 data the draft was trained on."
+        )
     v = draft.verifier
     ds = ArrowDataset(max_len=1 << 20, datapath=data_dir, on_missing="raise", hidden_states_dtype=v.dtype)
     sums: dict[str, float] = {}
@@ -148,7 +180,9 @@ def offline_alpha(draft, data_dir: Path, k: int | None = None, max_rows: int = 6
     for i in range(min(len(ds), max_rows)):
         row = ds[i]
         n = len(row["input_ids"]) - 1
-        collate = CollateFn(n, v.hidden_size, num_target_layers=len(man["layer_ids"]), dtype=v.dtype, preprocess=shift_batch)
+        collate = CollateFn(
+            n, v.hidden_size, num_target_layers=len(man["layer_ids"]), dtype=v.dtype, preprocess=shift_batch
+        )
         _, _, m = draft.forward(collate([row]), **positions)
         for key, val in m.items():
             sums[key] = sums.get(key, 0.0) + float(val)

@@ -16,10 +16,14 @@ SPEC_COLOURS = {"prefill": "#d0d7e1", "accepted": "#b7e4c7", "bonus": "#ffd59e",
 def speculative_html(tok, gen, max_tokens: int = 300) -> str:
     """A response token by token: accepted drafts green, the verifier's bonus token orange, the draft
     token it replaced struck through in red, the prefill token grey."""
+
     def span(tid, kind, strike=False):
         text = html.escape(tok.decode([tid])).replace("\n", "⏎<br>") or "∅"
         deco = "text-decoration:line-through;font-size:80%;" if strike else ""
-        return f'<span title="{kind} {tid}" style="background:{SPEC_COLOURS[kind]};{deco}border-radius:3px;margin:1px;padding:0 1px">{text}</span>'
+        return (
+            f'<span title="{kind} {tid}" '
+            f'style="background:{SPEC_COLOURS[kind]};{deco}border-radius:3px;margin:1px;padding:0 1px">{text}</span>'
+        )
 
     spans, pos = [span(gen.tokens[0], "prefill")], 1
     for step in gen.steps:
@@ -34,7 +38,11 @@ def speculative_html(tok, gen, max_tokens: int = 300) -> str:
             pos += 1
         if len(spans) > max_tokens:
             break
-    legend = "<p>" + " ".join(f'<span style="background:{c};padding:0 4px">{k}</span>' for k, c in SPEC_COLOURS.items()) + "</p>"
+    legend = (
+        "<p>"
+        + " ".join(f'<span style="background:{c};padding:0 4px">{k}</span>' for k, c in SPEC_COLOURS.items())
+        + "</p>"
+    )
     return legend + '<div style="font-family:monospace;line-height:1.9">' + "".join(spans) + "</div>"
 
 
@@ -80,7 +88,9 @@ def served_positions(positions: dict[str, dict[str, list[float]]], title: str, o
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for i, (kind, by_engine) in enumerate(positions.items()):
         for engine, ys in by_engine.items():
-            ax.plot(range(1, len(ys) + 1), ys, "o-" if engine == "vLLM" else "s--", color=f"C{i}", label=f"{kind}, {engine}")
+            ax.plot(
+                range(1, len(ys) + 1), ys, "o-" if engine == "vLLM" else "s--", color=f"C{i}", label=f"{kind}, {engine}"
+            )
     ax.set_xticks(range(1, 1 + max((len(ys) for e in positions.values() for ys in e.values()), default=1)))
     ax.set_ylim(-0.02, 1.02)
     return _finish(fig, ax, "draft position i", "P(positions 1..i accepted)", title, out_dir, "served_per_position")

@@ -28,8 +28,10 @@ def pick_attention(device: str | torch.device, force: str | None = None) -> tupl
             raise DraftlabError(f"attention={force!r} unknown; use one of flex, sdpa, eager (or leave it unset).")
         impl = ALIASES[force]
         if impl == FLEX and not cuda:
-            raise DraftlabError(f"attention={force!r} on {device}: torch's flex attention has no backward on CPU, so this draft "
-                                "could not train. Use attention='sdpa' (or leave it unset) on CPU; flex is for CUDA.")
+            raise DraftlabError(
+                f"attention={force!r} on {device}: torch's flex attention has no backward on CPU, so this draft "
+                "could not train. Use attention='sdpa' (or leave it unset) on CPU; flex is for CUDA."
+            )
         return impl, f"forced by parameter ({force})"
     if cuda:
         return FLEX, "CUDA: flex attention consumes the BlockMask directly (sparse blocks skipped, fused kernel)"
@@ -40,6 +42,7 @@ def mask_builder(impl: str):
     """The builder speculators itself pairs with `impl` (same choice as its Eagle3DraftModel)."""
     from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
+    # isort: split
     from speculators.models.attention import create_float_mask
 
     require_impl(impl)
@@ -60,8 +63,11 @@ def require_impl(impl: str | None) -> str:
 def attention_settings(model) -> set:
     """The `_attn_implementation` of every config a module of `model` reads (the draft's layers share one;
     a None set on any of them after build makes transformers' eager path add a boolean mask as 0/1)."""
-    return {m.config._attn_implementation for m in model.modules()
-            if hasattr(getattr(m, "config", None), "_attn_implementation")}
+    return {
+        m.config._attn_implementation
+        for m in model.modules()
+        if hasattr(getattr(m, "config", None), "_attn_implementation")
+    }
 
 
 def check_mask(impl: str | None, mask) -> None:

@@ -30,10 +30,16 @@ STATE = "trainer_state.pt"
 def hparams(draft, settings: dict) -> dict:
     """Everything that must not change across a resume: the draft's shape and data, and the schedule."""
     m, cfg = draft.model, draft.model.config
-    out = {"kind": draft.kind, "verifier_fingerprint": draft.verifier.fingerprint, "target_layer_ids": list(m.target_layer_ids),
-           "draft_vocab_size": int(m.draft_vocab_size), "num_layers": int(cfg.transformer_layer_config.num_hidden_layers),
-           "hidden_size": int(cfg.transformer_layer_config.hidden_size), "attention": draft.attention,
-           "dtype": str(draft.dtype).removeprefix("torch.")}
+    out = {
+        "kind": draft.kind,
+        "verifier_fingerprint": draft.verifier.fingerprint,
+        "target_layer_ids": list(m.target_layer_ids),
+        "draft_vocab_size": int(m.draft_vocab_size),
+        "num_layers": int(cfg.transformer_layer_config.num_hidden_layers),
+        "hidden_size": int(cfg.transformer_layer_config.hidden_size),
+        "attention": draft.attention,
+        "dtype": str(draft.dtype).removeprefix("torch."),
+    }
     if draft.kind == "dflash":
         out.update(block_size=int(cfg.block_size), mask_token_id=int(cfg.mask_token_id))
     out.update(settings)
@@ -55,19 +61,33 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(run_dir: Path, draft, step: int, optimizer, scheduler, position: tuple[int, int], hp: dict, keep: int = 2) -> Path:
+def save(
+    run_dir: Path, draft, step: int, optimizer, scheduler, position: tuple[int, int], hp: dict, keep: int = 2
+) -> Path:
     """Write `checkpoints/step-<step>/` atomically; keep the newest `keep` checkpoints."""
     from draftlab.draft_checks import nan_parameters
 
     bad = nan_parameters(draft.model)
     if bad:  # never let a poisoned model overwrite a good checkpoint
-        raise DraftlabError(f"draft tensors {bad[:3]} are NaN at step {step}; not saving. The last good checkpoint is {latest(run_dir)}.")
+        raise DraftlabError(
+            f"draft tensors {bad[:3]} are NaN at step {step}; "
+            f"not saving. The last good checkpoint is {latest(run_dir)}."
+        )
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step-{step}", root / f".step-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     draft.model.save_pretrained(tmp)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                "data_position": position, "hparams": hp}, tmp / STATE)
+    torch.save(
+        {
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+            "data_position": position,
+            "hparams": hp,
+        },
+        tmp / STATE,
+    )
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in checkpoints(run_dir)[:-keep] if keep else []:
@@ -106,7 +126,10 @@ def load(path: Path, draft, optimizer, scheduler, hp: dict) -> dict:
     missing, unexpected = draft.model.load_state_dict(weights, strict=False)
     trainable = {n for n, p in draft.model.named_parameters() if p.requires_grad}
     if unexpected or trainable & set(missing):
-        raise DraftlabError(f"{path}/model.safetensors does not fit the draft (missing {sorted(trainable & set(missing))[:3]}, unexpected {unexpected[:3]}).")
+        raise DraftlabError(
+            f"{path}/model.safetensors does not fit the draft (missing "
+            f"{sorted(trainable & set(missing))[:3]}, unexpected {unexpected[:3]})."
+        )
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
@@ -166,7 +189,9 @@ def reload_check(like: Draft, path: Path, batch: dict) -> dict:
             torch.manual_seed(0)
             outs.append(d.forward(batch))
     (t1, l1, m1), (t2, l2, m2) = outs
-    tokens_same = t1 is None and t2 is None or all(torch.equal(a, b) for a, b in zip(t1, t2, strict=True))  # DFlash returns None
+    tokens_same = (
+        t1 is None and t2 is None or all(torch.equal(a, b) for a, b in zip(t1, t2, strict=True))
+    )  # DFlash returns None
     same = l1.item() == l2.item() and tokens_same and all(torch.equal(m1[k], m2[k]) for k in m1)
     return {"loss": l1.item(), "reloaded loss": l2.item(), "identical tensors": same_tensors, "identical outputs": same}
 
@@ -184,6 +209,10 @@ def compare(paths: dict, like: Draft, eval_dir: Path, pack_len: int) -> dict:
     for name, path in paths.items():
         found = launch.find_checkpoint(path, "last")
         r = train.evaluate(reload(found, like), packs)
-        out[name] = {"checkpoint": str(found), "eval first-position accuracy": train.first_accuracy(like.kind, r),
-                     "eval loss": r["loss"], **{f"position {k}": a for k, a in train.position_accuracies(like.kind, r).items()}}
+        out[name] = {
+            "checkpoint": str(found),
+            "eval first-position accuracy": train.first_accuracy(like.kind, r),
+            "eval loss": r["loss"],
+            **{f"position {k}": a for k, a in train.position_accuracies(like.kind, r).items()},
+        }
     return out

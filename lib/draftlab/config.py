@@ -75,8 +75,10 @@ def check_parameters(params: dict, where) -> None:
             continue
         same = type(value) is type(default) or (type(default) is float and type(value) is int)
         if not same:
-            raise DraftlabError(f"{where}: {key}={value!r} is a {type(value).__name__}, but the notebooks expect a "
-                                f"{type(default).__name__} (default {default!r}).")
+            raise DraftlabError(
+                f"{where}: {key}={value!r} is a {type(value).__name__}, but the notebooks expect a "
+                f"{type(default).__name__} (default {default!r})."
+            )
 
 
 def pick_device(device: str = "auto") -> str:

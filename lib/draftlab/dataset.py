@@ -48,7 +48,9 @@ class SplitStats:
     lengths: list[int] = field(default_factory=list)
 
 
-def build_rows(tok, prompts, responses: dict[str, str], max_length: int, extra: dict[str, list[str]] | None = None) -> tuple[dict, dict[str, SplitStats]]:
+def build_rows(
+    tok, prompts, responses: dict[str, str], max_length: int, extra: dict[str, list[str]] | None = None
+) -> tuple[dict, dict[str, SplitStats]]:
     """Rows per split, truncated to max_length; truncations and fully-masked rows are counted, not hidden.
     `extra` holds further (sampled) answers of train prompts: more rows, never in the eval split."""
     require_chat_template(tok)

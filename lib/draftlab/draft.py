@@ -69,8 +69,17 @@ class Draft:
             batch = checks.pad_batch(batch, n)
             self.choices["pack length"] = (n, why)
         checks.check_pack(batch, self.kind, self.attention)
-        names = ("hidden_states", "input_ids", "loss_mask", "verifier_last_hidden_states", "document_ids", "position_ids")
-        return self.model(**{k: batch[k].to(self.device) for k in names if k in batch}, **{**self.train_kwargs, **overrides})
+        names = (
+            "hidden_states",
+            "input_ids",
+            "loss_mask",
+            "verifier_last_hidden_states",
+            "document_ids",
+            "position_ids",
+        )
+        return self.model(
+            **{k: batch[k].to(self.device) for k in names if k in batch}, **{**self.train_kwargs, **overrides}
+        )
 
     def report(self) -> dict:
         return {what: f"{choice}  ({why})" for what, (choice, why) in self.choices.items()}
@@ -82,7 +91,9 @@ def _train_config(kind: str, path: Path, **flat):
 
     groups: dict[str, dict] = {}
     for key, value in flat.items():
-        group = next((g for g, f in TrainConfig.model_fields.items() if key in getattr(f.annotation, "model_fields", {})), None)
+        group = next(
+            (g for g, f in TrainConfig.model_fields.items() if key in getattr(f.annotation, "model_fields", {})), None
+        )
         if group is None:
             raise DraftlabError(f"{key!r} is not a speculators training option; see speculators.train.config.schema.")
         groups.setdefault(group, {})[key] = value
@@ -103,7 +114,11 @@ def head_view(v: Verifier, root: Path | None = None) -> Path:
     cfg = v.config.to_dict()
     cfg["architectures"] = [type(v.model).__name__]
     cfg["draftlab_unwrapped_from"] = str(v.path)
-    parts = {"model.embed_tokens.weight": v.embed.weight, "lm_head.weight": v.lm_head.weight, "model.norm.weight": v.norm.weight}
+    parts = {
+        "model.embed_tokens.weight": v.embed.weight,
+        "lm_head.weight": v.lm_head.weight,
+        "model.norm.weight": v.norm.weight,
+    }
     save_file({k: t.detach().cpu().clone().contiguous() for k, t in parts.items()}, view / "model.safetensors.tmp")
     v.tokenizer.save_pretrained(view)
     (view / "config.json").write_text(json.dumps(cfg, indent=1))
@@ -111,29 +126,39 @@ def head_view(v: Verifier, root: Path | None = None) -> Path:
     return view
 
 
-def read_data(folder: Path | None, v: Verifier, draft_vocab_size: int | None) -> tuple[list[int] | None, dict | None, torch.Tensor | None, torch.Tensor | None]:
+def read_data(
+    folder: Path | None, v: Verifier, draft_vocab_size: int | None
+) -> tuple[list[int] | None, dict | None, torch.Tensor | None, torch.Tensor | None]:
     """(layer ids, manifest, d2t, t2d) of a stage-01 train folder; refuses data of another verifier."""
     if folder is None:
         return None, None, None, None
     folder = Path(folder)
     man = manifest.read(folder)
     if man is None:
-        raise DraftlabError(f"{folder} has no manifest.json; pass the stage-01 train folder (data/runs/<dataset_name>/train).")
+        raise DraftlabError(
+            f"{folder} has no manifest.json; pass the stage-01 train folder (data/runs/<dataset_name>/train)."
+        )
     if man.get("verifier_fingerprint") != v.fingerprint or man.get("hidden_size") != v.hidden_size:
         raise DraftlabError(
             f"{folder} was extracted from verifier {man.get('verifier_path')!r} (fingerprint "
-            f"{man.get('verifier_fingerprint')}), not {v.path} ({v.fingerprint}); pass that verifier or re-run stage 01."
+            f"{man.get('verifier_fingerprint')}), not {v.path} ({v.fingerprint}); "
+            "pass that verifier or re-run stage 01."
         )
     sizes = sorted(int(p.stem.split("-")[1]) for p in folder.glob("d2t-*.npy"))
     n = draft_vocab_size or (sizes[-1] if len(sizes) == 1 else None)
     if n is None or n not in sizes:
         if draft_vocab_size is None and not sizes:
             return man["layer_ids"], man, None, None
-        raise DraftlabError(f"{folder}: no unique d2t-N.npy for draft_vocab_size={draft_vocab_size} (found {sizes}); pass one of {sizes}.")
+        raise DraftlabError(
+            f"{folder}: no unique d2t-N.npy for draft_vocab_size={draft_vocab_size} "
+            f"(found {sizes}); pass one of {sizes}."
+        )
     d2t = torch.from_numpy(np.load(folder / f"d2t-{n}.npy"))
     t2d = torch.from_numpy(np.load(folder / f"t2d-{n}.npy"))
     if not torch.equal(torch.arange(n) + d2t, t2d.nonzero().flatten()):
-        raise DraftlabError(f"{folder}: d2t-{n}.npy and t2d-{n}.npy disagree; rebuild both with draftlab.vocab.build_mapping.")
+        raise DraftlabError(
+            f"{folder}: d2t-{n}.npy and t2d-{n}.npy disagree; rebuild both with draftlab.vocab.build_mapping."
+        )
     return man["layer_ids"], man, d2t, t2d
 
 
@@ -145,29 +170,52 @@ def verify(draft: Draft, saved_dtype: torch.dtype | None = None) -> None:
     m, v = draft.model, draft.verifier
     nan = checks.nan_parameters(m)
     if nan:
-        raise DraftlabError(f"draft tensors {nan} are NaN after construction: speculators did not load them from {m.config.speculators_config.verifier.name_or_path}.")
+        raise DraftlabError(
+            f"draft tensors {nan} are NaN after construction: speculators did not "
+            f"load them from {m.config.speculators_config.verifier.name_or_path}."
+        )
     rows = v.lm_head.weight
     if m.d2t is not None:
         rows = rows[torch.arange(len(m.d2t), device=rows.device) + m.d2t.to(rows.device)]
-    pairs = {"embed_tokens": (m.embed_tokens.weight, v.embed.weight), "lm_head": (m.lm_head.weight, rows),
-             "verifier_lm_head": (m.verifier_lm_head.weight, rows), "verifier_norm": (m.verifier_norm.weight, v.norm.weight)}
+    pairs = {
+        "embed_tokens": (m.embed_tokens.weight, v.embed.weight),
+        "lm_head": (m.lm_head.weight, rows),
+        "verifier_lm_head": (m.verifier_lm_head.weight, rows),
+        "verifier_norm": (m.verifier_norm.weight, v.norm.weight),
+    }
     cmp = saved_dtype or m.embed_tokens.weight.dtype
     bad = [n for n, (a, b) in pairs.items() if not torch.equal(a.to(cmp), b.to(a.device, cmp))]
     if not bad:
         norms.check_verifier_norm(m, v)
     if bad:
         name = str(cmp).removeprefix("torch.")
-        raise DraftlabError(f"the draft's frozen {bad} differ from verifier {v.path}'s (compared in {name}): the draft was made for "
-                            f"another verifier ({m.config.speculators_config.verifier.name_or_path}). Load the verifier it was trained "
-                            f"for, in the dtype it was trained in ({name}), or train a draft for this one.")
+        raise DraftlabError(
+            f"the draft's frozen {bad} differ from verifier {v.path}'s (compared in {name}): the draft was made for "
+            f"another verifier ({m.config.speculators_config.verifier.name_or_path}). Load the verifier it was trained "
+            f"for, in the dtype it was trained in ({name}), or train a draft for this one."
+        )
     if draft.attention != "simple_flex_attention" or str(v.device).startswith("cuda"):
         mask = m._create_mask_fn(lambda b, h, q, kv: q >= kv, B=None, H=None, Q_LEN=128, KV_LEN=128, device=v.device)
         check_mask(draft.attention, mask)
 
 
-def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, draft_vocab_size=None, num_layers=None,
-                attention=None, loss=None, block_size=None, mask_token_id=None, layer_config=None,
-                device="auto", dtype="auto", view_root=None) -> Draft:
+def build_draft(
+    kind: str,
+    verifier="smollm2",
+    data=None,
+    *,
+    layer_ids=None,
+    draft_vocab_size=None,
+    num_layers=None,
+    attention=None,
+    loss=None,
+    block_size=None,
+    mask_token_id=None,
+    layer_config=None,
+    device="auto",
+    dtype="auto",
+    view_root=None,
+) -> Draft:
     """One call from a verifier (spec or loaded `Verifier`) and an optional stage-01 train folder
     (its layer ids and d2t/t2d are used) to a checked speculators draft. None means its default."""
     # Taken from the parameters themselves, so a new one also travels to a training process (train_jobs).
@@ -180,51 +228,107 @@ def build_draft(kind: str, verifier="smollm2", data=None, *, layer_ids=None, dra
 
     if kind not in KINDS:
         raise DraftlabError(f"draft kind {kind!r} unknown; use one of {KINDS}.")
-    checks.check_typed(layer_config, PretrainedConfig, "layer_config", "build it with transformers.AutoConfig.for_model(**d) so its model_type is explicit (speculators would turn a dict without one into a Qwen3Config)")
+    checks.check_typed(
+        layer_config,
+        PretrainedConfig,
+        "layer_config",
+        "build it with transformers.AutoConfig.for_model(**d) so its model_type "
+        "is explicit (speculators would turn a dict without one into a Qwen3Config)",
+    )
     v = verifier if isinstance(verifier, Verifier) else load_verifier(verifier, device, dtype)
     if getattr(v, "lm_head", None) is None:
-        raise DraftlabError(f"verifier {v.path} has no lm_head; drafts copy the verifier's output projection: pass a *ForCausalLM checkpoint.")
+        raise DraftlabError(
+            f"verifier {v.path} has no lm_head; drafts copy the "
+            "verifier's output projection: pass a *ForCausalLM checkpoint."
+        )
     norms.refuse_unsupported_norm(v)
     dev = str(v.device)
     dt = v.dtype if dtype == "auto" else pick_dtype(dtype, dev)  # auto: the verifier's, however it was loaded
     name = str(dt).removeprefix("torch.")
     if dt != v.dtype:
         have = str(v.dtype).removeprefix("torch.")
-        raise DraftlabError(f"draft dtype {name} (from dtype={dtype!r} on {dev}) differs from the verifier's {have}; build with "
-                            f"dtype={have!r}, or load the verifier with dtype={name!r}.")
+        raise DraftlabError(
+            f"draft dtype {name} (from dtype={dtype!r} on {dev}) differs from the verifier's {have}; build with "
+            f"dtype={have!r}, or load the verifier with dtype={name!r}."
+        )
     data_ids, man, d2t, t2d = read_data(data, v, draft_vocab_size)
     if man and man.get("dtype") != name:
-        raise DraftlabError(f"{data} stores hidden states as {man.get('dtype')} but the draft is {name}; build with dtype={man.get('dtype')!r} or re-extract stage 01 in {name}.")
-    ids = validate_layer_ids(layer_ids, v.num_layers) if layer_ids is not None else data_ids or default_layer_ids(v.num_layers, kind)
+        raise DraftlabError(
+            f"{data} stores hidden states as {man.get('dtype')} but the draft is {name}; "
+            f"build with dtype={man.get('dtype')!r} or re-extract stage 01 in {name}."
+        )
+    ids = (
+        validate_layer_ids(layer_ids, v.num_layers)
+        if layer_ids is not None
+        else data_ids or default_layer_ids(v.num_layers, kind)
+    )
     checks.check_layer_ids(ids, data_ids, v.hidden_size)
     n_vocab = draft_vocab_size or (len(d2t) if d2t is not None else v.vocab_size)
     checks.check_vocab(n_vocab, v.vocab_size)
     if d2t is None and n_vocab != v.vocab_size:
-        raise DraftlabError(f"draft_vocab_size={n_vocab} < {v.vocab_size} needs the d2t/t2d mapping: pass data=<stage-01 train folder> holding d2t-{n_vocab}.npy.")
+        raise DraftlabError(
+            f"draft_vocab_size={n_vocab} < {v.vocab_size} needs the d2t/t2d mapping: "
+            f"pass data=<stage-01 train folder> holding d2t-{n_vocab}.npy."
+        )
     path = head_view(v, view_root)
     impl, impl_why = pick_attention(dev, attention)
-    loss_impl, loss_why = checks.pick_loss(dev, checks.forward_is_compiled(), torch.__version__, version("speculators"), loss)
-    choices = {"verifier for speculators": (path, "unwrapped head-only view of a nested verifier" if v.nested else "the verifier itself"),
-               "aux layer ids": (ids, "from the data's manifest" if data_ids and layer_ids is None else "given" if layer_ids is not None else "default"),
-               "draft vocab": (n_vocab, "d2t/t2d from stage 01" if d2t is not None else "full verifier vocabulary"),
-               "dtype / device": (f"{name} / {dev}", "the verifier's, which is the stored hidden states' too"),
-               "attention": (impl, impl_why), "loss": (loss_impl, loss_why)}
-    flat = dict(num_layers=num_layers, target_layer_ids=ids, draft_vocab_size=n_vocab, draft_attn_impl=impl, loss_implementation=loss_impl)
+    loss_impl, loss_why = checks.pick_loss(
+        dev, checks.forward_is_compiled(), torch.__version__, version("speculators"), loss
+    )
+    choices = {
+        "verifier for speculators": (
+            path,
+            "unwrapped head-only view of a nested verifier" if v.nested else "the verifier itself",
+        ),
+        "aux layer ids": (
+            ids,
+            "from the data's manifest"
+            if data_ids and layer_ids is None
+            else "given"
+            if layer_ids is not None
+            else "default",
+        ),
+        "draft vocab": (n_vocab, "d2t/t2d from stage 01" if d2t is not None else "full verifier vocabulary"),
+        "dtype / device": (f"{name} / {dev}", "the verifier's, which is the stored hidden states' too"),
+        "attention": (impl, impl_why),
+        "loss": (loss_impl, loss_why),
+    }
+    flat = dict(
+        num_layers=num_layers,
+        target_layer_ids=ids,
+        draft_vocab_size=n_vocab,
+        draft_attn_impl=impl,
+        loss_implementation=loss_impl,
+    )
     if kind == "dflash":
         used = checks.used_ids(data) if data is not None else None
         flat.update(block_size=block_size, mask_token_id=None)
         flat["mask_token_id"], why = checks.pick_mask_token(v, path, mask_token_id, used)
-        choices["mask token"] = (f"{flat['mask_token_id']} {v.tokenizer.convert_ids_to_tokens(flat['mask_token_id'])!r}", why)
+        choices["mask token"] = (
+            f"{flat['mask_token_id']} {v.tokenizer.convert_ids_to_tokens(flat['mask_token_id'])!r}",
+            why,
+        )
     cfg = _train_config(kind, path, **{k: val for k, val in flat.items() if val is not None})
     args = cfg.flatten()
     with checks.shape_source(path, v) as src:
-        tl = layer_config or create_transformer_layer_config(src, args["num_layers"], args["draft_arch"], args["draft_hidden_act"], args["sliding_window"], args["full_attention_indices"], args["draft_mrope_full_head_hack"])
+        tl = layer_config or create_transformer_layer_config(
+            src,
+            args["num_layers"],
+            args["draft_arch"],
+            args["draft_hidden_act"],
+            args["sliding_window"],
+            args["full_attention_indices"],
+            args["draft_mrope_full_head_hack"],
+        )
     tl = tl.__class__.from_dict(tl.to_dict())  # a copy: from_training_args mutates it
     tl._attn_implementation = impl
     cls = SpeculatorModel.registry[kind]
     model = cls.from_training_args(tl, t2d=t2d, d2t=d2t, **args).to(device=dev, dtype=dt)
     swapped = norms.match_verifier_norm(model, v)
-    choices["verifier norm"] = (norms.norm_gain(v.norm), f"swapped for Gemma3RMSNorm: {swapped}" if swapped else "speculators' verifier_norm computes it")
+    choices["verifier norm"] = (
+        norms.norm_gain(v.norm),
+        f"swapped for Gemma3RMSNorm: {swapped}" if swapped else "speculators' verifier_norm computes it",
+    )
     train_kwargs, _ = cls.get_trainer_kwargs(**args)
     draft = Draft(model, kind, v, cfg, train_kwargs, choices, build_args)
     verify(draft)

@@ -37,8 +37,10 @@ def forward_is_compiled() -> bool:
 
 def dropout_free(model: torch.nn.Module) -> bool:
     """True when training mode computes what eval mode does: no dropout module or attention dropout above 0."""
-    return not any((isinstance(m, torch.nn.Dropout) and m.p > 0) or (getattr(m, "attention_dropout", 0) or 0) > 0
-                   for m in model.modules())
+    return not any(
+        (isinstance(m, torch.nn.Dropout) and m.p > 0) or (getattr(m, "attention_dropout", 0) or 0) > 0
+        for m in model.modules()
+    )
 
 
 @contextmanager
@@ -59,7 +61,9 @@ def inference(model: torch.nn.Module, reuse_graph: bool | None = None):
         model.train(was)
 
 
-def pick_loss(device: str, compiled: bool, torch_version: str, speculators_version: str, force: str | None = None) -> tuple[str, str]:
+def pick_loss(
+    device: str, compiled: bool, torch_version: str, speculators_version: str, force: str | None = None
+) -> tuple[str, str]:
     """('fused' | 'eager', reason). Fused needs Triton on CUDA, and must not meet the compile bug."""
     cuda = str(device).startswith("cuda")
     broken = (
@@ -96,7 +100,10 @@ def pack_length(max_len: int, kind: str, attn_impl: str) -> tuple[int, str]:
     if kind == "eagle3" and attn_impl == FLEX and max_len % FLEX_BLOCK:
         padded = -(-max_len // FLEX_BLOCK) * FLEX_BLOCK
         return padded, f"EAGLE-3 + flex: {max_len} padded to {padded}, a multiple of the {FLEX_BLOCK}-token flex block"
-    return max_len, "no padding needed" if kind != "eagle3" or attn_impl != FLEX else f"already a multiple of {FLEX_BLOCK}"
+    return (
+        max_len,
+        "no padding needed" if kind != "eagle3" or attn_impl != FLEX else f"already a multiple of {FLEX_BLOCK}",
+    )
 
 
 def check_pack(batch: dict, kind: str, attn_impl: str) -> None:
@@ -134,11 +141,14 @@ def check_batch_dtype(batch: dict, dtype: torch.dtype, cast: bool = False) -> di
     name = str(dtype).removeprefix("torch.")
     raise DraftlabError(
         f"batch tensors {sorted(wrong)} are {sorted({str(d).removeprefix('torch.') for d in wrong.values()})} but the "
-        f"draft is {name}; collate with CollateFn(..., dtype=torch.{name}), pass cast=True, or build the draft with dtype={name!r}."
+        f"draft is {name}; collate with CollateFn(..., dtype=torch.{name}), "
+        f"pass cast=True, or build the draft with dtype={name!r}."
     )
 
 
-def check_layer_ids(layer_ids: list[int], data_ids: list[int] | None, hidden_size: int, width: int | None = None) -> None:
+def check_layer_ids(
+    layer_ids: list[int], data_ids: list[int] | None, hidden_size: int, width: int | None = None
+) -> None:
     """Aux layer ids must be the ones the data was extracted with: the draft's fc expects
     len(ids) * hidden_size features, and the ids are what vLLM will feed it when served."""
     if data_ids is not None and list(layer_ids) != list(data_ids):
@@ -149,7 +159,8 @@ def check_layer_ids(layer_ids: list[int], data_ids: list[int] | None, hidden_siz
     if width is not None and width != len(layer_ids) * hidden_size:
         raise DraftlabError(
             f"hidden_states carry {width} features per token, but {len(layer_ids)} aux layers x hidden size "
-            f"{hidden_size} = {len(layer_ids) * hidden_size}; the data was extracted with {width // hidden_size if hidden_size else '?'} "
+            f"{hidden_size} = {len(layer_ids) * hidden_size}; the data was "
+            f"extracted with {width // hidden_size if hidden_size else '?'} "
             "layers or another verifier: use the layer_ids in the data's manifest.json."
         )
 
@@ -183,7 +194,10 @@ def pick_mask_token(v, path, mask_token_id: int | None = None, used: set[int] | 
     token that never does, so a block of masks cannot look like real text."""
     if mask_token_id is not None:
         if not 0 <= int(mask_token_id) < v.vocab_size:
-            raise DraftlabError(f"mask_token_id={mask_token_id} is outside the verifier's vocabulary [0, {v.vocab_size}); pass a valid id or None.")
+            raise DraftlabError(
+                f"mask_token_id={mask_token_id} is outside the verifier's "
+                f"vocabulary [0, {v.vocab_size}); pass a valid id or None."
+            )
         return int(mask_token_id), "given"
     from speculators.train.utils import resolve_mask_token_id
 
@@ -199,7 +213,10 @@ def pick_mask_token(v, path, mask_token_id: int | None = None, used: set[int] | 
     spare = [t for t in tok.all_special_ids if used is not None and t not in used and t < v.vocab_size]
     if used is not None and tid in used and spare:
         old, tid = tid, spare[0]
-        why = f"special token {tok.convert_ids_to_tokens(tid)!r}, since speculators' fallback {tok.convert_ids_to_tokens(old)!r} occurs in the training inputs"
+        why = (
+            f"special token {tok.convert_ids_to_tokens(tid)!r}, since speculators' "
+            f"fallback {tok.convert_ids_to_tokens(old)!r} occurs in the training inputs"
+        )
     return tid, why
 
 
@@ -219,5 +236,7 @@ def shape_source(path, v):
         return
     cfg = json.loads((Path(path) / "config.json").read_text())
     with tempfile.TemporaryDirectory(prefix="draftlab-shape-") as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps({**cfg, "head_dim": v.hidden_size // v.config.num_attention_heads}))
+        (Path(tmp) / "config.json").write_text(
+            json.dumps({**cfg, "head_dim": v.hidden_size // v.config.num_attention_heads})
+        )
         yield tmp

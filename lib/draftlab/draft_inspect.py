@@ -20,8 +20,15 @@ def parameter_table(model: torch.nn.Module) -> list[dict]:
         ps = list(mod.parameters())
         if ps:
             train = {p.requires_grad for p in ps}
-            rows.append({"module": name, "params": sum(p.numel() for p in ps), "trainable": "yes" if train == {True} else "no" if train == {False} else "partly",
-                         "dtype": ", ".join(sorted({str(p.dtype).removeprefix("torch.") for p in ps})), "device": str(ps[0].device)})
+            rows.append(
+                {
+                    "module": name,
+                    "params": sum(p.numel() for p in ps),
+                    "trainable": "yes" if train == {True} else "no" if train == {False} else "partly",
+                    "dtype": ", ".join(sorted({str(p.dtype).removeprefix("torch.") for p in ps})),
+                    "device": str(ps[0].device),
+                }
+            )
     return rows
 
 
@@ -44,7 +51,11 @@ def one_off():
 def forward_shapes(draft: Draft, batch: dict) -> tuple[tuple, list[dict]]:
     """The forward's result and the shape of every tensor entering it or leaving a top-level
     module (first call of each), in call order, for the notebook's walk through one batch."""
-    rows = [{"tensor": f"batch.{k}", "shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for k, t in batch.items() if torch.is_tensor(t)]
+    rows = [
+        {"tensor": f"batch.{k}", "shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        for k, t in batch.items()
+        if torch.is_tensor(t)
+    ]
     seen = set()
 
     def hook(name):
@@ -52,10 +63,17 @@ def forward_shapes(draft: Draft, batch: dict) -> tuple[tuple, list[dict]]:
             t = out[0] if isinstance(out, tuple) else out
             if name not in seen and torch.is_tensor(t):
                 seen.add(name)
-                rows.append({"tensor": f"{name} output", "shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch.")})
+                rows.append(
+                    {"tensor": f"{name} output", "shape": tuple(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                )
+
         return fn
 
-    mods = [(n, m) for n, m in draft.model.named_modules() if n and "." not in n.removeprefix("layers.") and not isinstance(m, torch.nn.ModuleList)]
+    mods = [
+        (n, m)
+        for n, m in draft.model.named_modules()
+        if n and "." not in n.removeprefix("layers.") and not isinstance(m, torch.nn.ModuleList)
+    ]
     handles = [m.register_forward_hook(hook(n)) for n, m in mods]
     try:
         with one_off():

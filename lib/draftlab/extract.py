@@ -5,7 +5,7 @@ residual stream *entering* decoder layer `i` (the pre-norm output of layer `i-1`
 enters the first layer: the embedding output, with any scaling or positions the family adds). The last slot is always id `L`, the last layer's pre-norm output, which
 speculators turns into verifier logits with the verifier's own norm and lm_head. Each sample
 becomes `hidden_states/hs_{i}.safetensors` with `token_ids [T]` and `hidden_states [T, n_aux+1, H]`.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -54,7 +54,9 @@ def _tensor(what, value, verifier):
     """The [B, T, H] hidden state in a decoder layer's input or output, or a refusal naming what was found."""
     found = value[0] if isinstance(value, (tuple, list)) and value else value
     if not torch.is_tensor(found) or found.dim() != 3 or found.shape[-1] != verifier.hidden_size:
-        desc = f"a {type(value).__name__}" + (f" whose first item is a {type(found).__name__}" if found is not value else "")
+        desc = f"a {type(value).__name__}" + (
+            f" whose first item is a {type(found).__name__}" if found is not value else ""
+        )
         shape = f" of shape {tuple(found.shape)}" if torch.is_tensor(found) else ""
         raise DraftlabError(
             f"{type(verifier.model).__name__}: {what} is {desc}{shape}, not a [batch, tokens, {verifier.hidden_size}] "
@@ -182,7 +184,13 @@ def extract(
     for i in existing:
         if i >= n:
             continue
-        entry = None if i in corrupt else manifest.sound_entry(hs_dir / f"hs_{i}.safetensors", old.get("files", {}).get(str(i)), rows[i], n_slots, verifier.hidden_size)
+        entry = (
+            None
+            if i in corrupt
+            else manifest.sound_entry(
+                hs_dir / f"hs_{i}.safetensors", old.get("files", {}).get(str(i)), rows[i], n_slots, verifier.hidden_size
+            )
+        )
         if entry is None:
             (hs_dir / f"hs_{i}.safetensors").unlink(missing_ok=True)
             redone += 1

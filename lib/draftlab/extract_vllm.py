@@ -15,7 +15,7 @@ off-by-one. speculators asks for [aux ids..., L]; so does this module, and the f
 CPU builds: the stock connector cannot run there (`connector_problem` says why, from the installed vLLM and torch;
 BENCHMARKS.md has the traceback); `lib/vllm_plugins/draftlab_hs_connector.py` replaces only its pinned-memory copy.
 On a CUDA machine the stock connector is used, with speculators' own server flags.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ print(json.dumps(found))
 def _probe(exe: str) -> tuple[str | None, str | None]:
     """(why the stock connector cannot run, why nothing can) for one `vllm` executable: a read of the installed connector's
     source and one pinned allocation in the vLLM environment's torch (10-30 s here: it imports torch; no server). Kept
-    in data/cache per executable and its modification time, so notebook 01 pays it once per vLLM environment."""
+    in data/cache per executable and its modification time, so notebook 01 pays it once per vLLM environment."""  # noqa: E501
     from draftlab.config import data_dir
 
     cache, key = data_dir() / "cache" / "vllm-extract-probe.json", f"{exe}@{os.stat(exe).st_mtime_ns}"
@@ -70,21 +70,28 @@ def _probe(exe: str) -> tuple[str | None, str | None]:
 
 
 def _run_probe(exe: str) -> tuple[str | None, str | None]:
-    done = subprocess.run([str(Path(exe).parent / "python"), "-c", _PROBE], capture_output=True, text=True, timeout=300,
-                          env=server_env())
+    done = subprocess.run(
+        [str(Path(exe).parent / "python"), "-c", _PROBE], capture_output=True, text=True, timeout=300, env=server_env()
+    )
     if done.returncode != 0:
         return None, f"the vLLM environment's python failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
     found = json.loads(done.stdout.strip().splitlines()[-1])
     if not found["connector"]:
-        return None, f"this vLLM has no {STOCK} (vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py)"
+        return (
+            None,
+            f"this vLLM has no {STOCK} "
+            "(vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py)",
+        )
     if found["pins"] and found["error"]:
-        return (f"vLLM's {STOCK} copies each request's hidden states into pinned memory "
-                f"(torch.empty_like(..., pin_memory=True)), which this torch refuses: {found['error']}"), None
+        return (
+            f"vLLM's {STOCK} copies each request's hidden states into pinned memory "
+            f"(torch.empty_like(..., pin_memory=True)), which this torch refuses: {found['error']}"
+        ), None
     return None, None
 
 
 def connector_problem() -> str | None:
-    """Why vLLM's stock connector cannot extract here (the error it dies with), or None when it can or vLLM is missing."""
+    """Why vLLM's stock connector cannot extract here (the error it dies with), or None when it can or vLLM is missing."""  # noqa: E501
     return None if unavailable() else _probe(str(vllm_executable()))[0]
 
 
@@ -95,15 +102,27 @@ def status_line() -> str:
         return f"vLLM hidden-state extraction: not available: {why_not}; using transformers"
     problem = connector_problem()
     if problem:
-        return (f"vLLM hidden-state extraction: vLLM's stock connector is not available on this build: {problem.rstrip('.')}; "
-                f"draftlab's {CPU_CONNECTOR} (lib/vllm_plugins) runs it; stage 01 uses transformers")
+        return (
+            "vLLM hidden-state extraction: vLLM's stock connector "
+            f"is not available on this build: {problem.rstrip('.')}; "
+            f"draftlab's {CPU_CONNECTOR} (lib/vllm_plugins) runs it; stage 01 uses transformers"
+        )
     return f"vLLM hidden-state extraction: available (vLLM's {STOCK}); stage 01 uses transformers"
 
 
-def extraction_server(verifier_dir, layer_ids, storage_dir, dtype: str = "float32", device: str = "cpu",
-                      max_model_len: int = 2048, log_path=None, connector: str = "auto", **kw) -> Server:
+def extraction_server(
+    verifier_dir,
+    layer_ids,
+    storage_dir,
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_model_len: int = 2048,
+    log_path=None,
+    connector: str = "auto",
+    **kw,
+) -> Server:
     """A `Server` (not yet started) that extracts the states entering `layer_ids` plus the final one, as
-    speculators' launch_vllm.py starts it: `connector` is "stock", "cpu" (draftlab's) or "auto" (stock where it runs)."""
+    speculators' launch_vllm.py starts it: `connector` is "stock", "cpu" (draftlab's) or "auto" (stock where it runs)."""  # noqa: E501
     cfg = json.loads((Path(verifier_dir) / "config.json").read_text())
     n = cfg.get("text_config", cfg)["num_hidden_layers"]
     slots = [*validate_layer_ids(layer_ids, n), n]
@@ -113,28 +132,49 @@ def extraction_server(verifier_dir, layer_ids, storage_dir, dtype: str = "float3
         raise DraftlabError(f"connector={connector!r}: use 'stock' (vLLM's {STOCK}), 'cpu' (draftlab's) or 'auto'.")
     storage = Path(storage_dir).resolve()
     storage.mkdir(parents=True, exist_ok=True)
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": slots}}}
-    kv = {"kv_connector": STOCK, "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": slots}},
+    }
+    kv = {
+        "kv_connector": STOCK,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+    }
     env = {}
     if connector == "cpu":
         kv.update(kv_connector=CPU_CONNECTOR, kv_connector_module_path="draftlab_hs_connector")
         env["PYTHONPATH"] = str(PLUGINS)  # that folder alone: the vLLM environment keeps its own torch
-    s = Server(verifier_dir, dtype=dtype, device=device, max_model_len=max_model_len, log_path=log_path,
-               extra_args=["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv)], extra_env=env, **kw)
+    s = Server(
+        verifier_dir,
+        dtype=dtype,
+        device=device,
+        max_model_len=max_model_len,
+        log_path=log_path,
+        extra_args=["--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv)],
+        extra_env=env,
+        **kw,
+    )
     s.slots, s.storage, s.connector = slots, storage, connector
     return s
 
 
 def _one(server: Server, ids: list[int], dest: Path) -> None:
     """One row as speculators' vllm_client sends it; the file moved to `dest` once the connector's lock is released."""
-    r = server.request("/v1/completions", {"model": SERVED_NAME, "prompt": ids, "max_tokens": 1, "return_token_ids": True})
+    r = server.request(
+        "/v1/completions", {"model": SERVED_NAME, "prompt": ids, "max_tokens": 1, "return_token_ids": True}
+    )
     got = r["choices"][0].get("prompt_token_ids")
     if got != ids:
-        raise DraftlabError(f"vLLM read another prompt than the row's {len(ids)} token ids (got {None if got is None else len(got)}).")
+        raise DraftlabError(
+            f"vLLM read another prompt than the row's {len(ids)} token ids (got {None if got is None else len(got)})."
+        )
     path = (r.get("kv_transfer_params") or {}).get("hidden_states_path")
     if path is None:
-        raise DraftlabError(f"vLLM's answer has no kv_transfer_params.hidden_states_path: is {server.url} an extraction server?")
+        raise DraftlabError(
+            f"vLLM's answer has no kv_transfer_params.hidden_states_path: is {server.url} an extraction server?"
+        )
     lock = path + ".lock"
     if os.path.exists(lock):
         with open(lock) as fh:
@@ -156,8 +196,16 @@ def extract(server: Server, rows: list[list[int]], out_dir, concurrency: int = 3
             f.result()
     seconds = time.perf_counter() - t0
     tokens = sum(map(len, rows))
-    info = {"engine": "vllm", "connector": server.connector, "slots": server.slots, "command": server.command,
-            "rows": len(rows), "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
+    info = {
+        "engine": "vllm",
+        "connector": server.connector,
+        "slots": server.slots,
+        "command": server.command,
+        "rows": len(rows),
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 1),
+    }
     (Path(out_dir) / "extract_vllm.json").write_text(json.dumps(info, indent=1))
     return info
 
@@ -167,22 +215,41 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def check(verifier, rows: list[list[int]], vllm_dir, layer_ids, reference_dir=None, nearest_row: int = 0,
-          tol: float = 1e-4, batch_size: int = 8) -> dict:
+def check(
+    verifier,
+    rows: list[list[int]],
+    vllm_dir,
+    layer_ids,
+    reference_dir=None,
+    nearest_row: int = 0,
+    tol: float = 1e-4,
+    batch_size: int = 8,
+) -> dict:
     """vLLM's files against draftlab's transformers extraction of the same rows.
 
     Per slot: the largest relative error ||vLLM - draftlab|| / ||draftlab|| over the rows (against `reference_dir`'s files
     when given, else a forward here), and, for row `nearest_row`, the verifier state (ids 0..L, all of them computed) each
-    vLLM slot is nearest to, with the runner-up, so a slot holding another layer is named. `problems` lists each breach."""
+    vLLM slot is nearest to, with the runner-up, so a slot holding another layer is named. `problems` lists each breach."""  # noqa: E501
     layer_ids = validate_layer_ids(layer_ids, verifier.num_layers)
     slots, hs_dir = [*layer_ids, verifier.num_layers], Path(vllm_dir) / "hidden_states"
     rows = [list(map(int, r)) for r in rows]
     got = [load_file(hs_dir / f"hs_{i}.safetensors") for i in range(len(rows))]
-    problems = [f"row {i}: vLLM's file has token ids other than the row's" for i, g in enumerate(got) if g["token_ids"].tolist() != rows[i]]
+    problems = [
+        f"row {i}: vLLM's file has token ids other than the row's"
+        for i, g in enumerate(got)
+        if g["token_ids"].tolist() != rows[i]
+    ]
     if reference_dir is not None:
-        ref = [load_file(Path(reference_dir) / "hidden_states" / f"hs_{i}.safetensors")["hidden_states"] for i in range(len(rows))]
+        ref = [
+            load_file(Path(reference_dir) / "hidden_states" / f"hs_{i}.safetensors")["hidden_states"]
+            for i in range(len(rows))
+        ]
     else:
-        ref = [h for s in range(0, len(rows), batch_size) for h in hidden_states(verifier, rows[s : s + batch_size], layer_ids)]
+        ref = [
+            h
+            for s in range(0, len(rows), batch_size)
+            for h in hidden_states(verifier, rows[s : s + batch_size], layer_ids)
+        ]
     worst = [0.0] * len(slots)
     for i, (g, r) in enumerate(zip(got, ref, strict=True)):
         h = g["hidden_states"]
@@ -190,15 +257,28 @@ def check(verifier, rows: list[list[int]], vllm_dir, layer_ids, reference_dir=No
             problems.append(f"row {i}: vLLM's states are {tuple(h.shape)}, draftlab's {tuple(r.shape)} (slots {slots})")
             continue
         worst = [max(w, _rel(h[:, s], r[:, s].to(h.device))) for s, w in enumerate(worst)]
-    every = hidden_states(verifier, [rows[nearest_row]], list(range(verifier.num_layers)))[0].cpu()  # [T, L+1, H]: ids 0..L
+    every = hidden_states(verifier, [rows[nearest_row]], list(range(verifier.num_layers)))[
+        0
+    ].cpu()  # [T, L+1, H]: ids 0..L
     h = got[nearest_row]["hidden_states"]
     nearest, runner_up = [], []
     for s in range(min(h.shape[1], len(slots))):
         errs = sorted((_rel(h[:, s], every[:, j]), j) for j in range(every.shape[1]))
         nearest.append({"layer": errs[0][1], "relative_error": errs[0][0]})
         runner_up.append({"layer": errs[1][1], "relative_error": errs[1][0]})
-    problems += [f"slot {s} (id {want}): vLLM's state is nearest to id {n['layer']} (relative error {n['relative_error']:.2e})"
-                 for s, (want, n) in enumerate(zip(slots, nearest, strict=False)) if n["layer"] != want]
+    problems += [
+        f"slot {s} (id {want}): vLLM's state is nearest to id {n['layer']} (relative error {n['relative_error']:.2e})"
+        for s, (want, n) in enumerate(zip(slots, nearest, strict=False))
+        if n["layer"] != want
+    ]
     problems += [f"slot {s} (id {slots[s]}): relative error {w:.2e} > {tol:g}" for s, w in enumerate(worst) if w > tol]
-    return {"slots": slots, "rows": len(rows), "max_relative_error": worst, "nearest": nearest, "runner_up": runner_up,
-            "nearest_row": nearest_row, "layers_match": [n["layer"] for n in nearest] == slots, "problems": problems}
+    return {
+        "slots": slots,
+        "rows": len(rows),
+        "max_relative_error": worst,
+        "nearest": nearest,
+        "runner_up": runner_up,
+        "nearest_row": nearest_row,
+        "layers_match": [n["layer"] for n in nearest] == slots,
+        "problems": problems,
+    }

@@ -55,7 +55,13 @@ class Engine:
                 self.reason = f"vLLM is unavailable: {why}"
                 print(f"engine auto -> hf: {self.reason}", flush=True)
         self.server, self._hf = None, None
-        self.stats = {"prompts generated": 0, "prompts resumed": 0, "new tokens": 0, "generation s": 0.0, "server start-up s": 0.0}
+        self.stats = {
+            "prompts generated": 0,
+            "prompts resumed": 0,
+            "new tokens": 0,
+            "generation s": 0.0,
+            "server start-up s": 0.0,
+        }
 
     def __enter__(self) -> Self:
         return self
@@ -76,16 +82,25 @@ class Engine:
 
     def describe(self) -> str:
         how = "a vllm serve of the verifier" if self.name == "vllm" else "transformers generate"
-        text = (f"answers: engine {self.name} ({how}) in {self.dtype}; hidden states: the verifier as loaded, "
-                f"{dtype_name(self.verifier.dtype)}")
+        text = (
+            f"answers: engine {self.name} ({how}) in {self.dtype}; hidden states: the verifier as loaded, "
+            f"{dtype_name(self.verifier.dtype)}"
+        )
         return text + (f"\nengine {self.requested} -> {self.name}: {self.reason}" if self.reason else "")
 
     def summary(self) -> dict:
         s = self.stats
-        return {"engine": self.name, "engine requested": self.requested, "engine reason": self.reason,
-                "answers dtype": self.dtype, "hidden states dtype": dtype_name(self.verifier.dtype), **s,
-                "generation s": round(s["generation s"], 2), "server start-up s": round(s["server start-up s"], 2),
-                "tokens/s": round(s["new tokens"] / s["generation s"], 1) if s["generation s"] else None}
+        return {
+            "engine": self.name,
+            "engine requested": self.requested,
+            "engine reason": self.reason,
+            "answers dtype": self.dtype,
+            "hidden states dtype": dtype_name(self.verifier.dtype),
+            **s,
+            "generation s": round(s["generation s"], 2),
+            "server start-up s": round(s["server start-up s"], 2),
+            "tokens/s": round(s["new tokens"] / s["generation s"], 1) if s["generation s"] else None,
+        }
 
     def vllm_server(self, max_len: int):
         """The running server, (re)started when it is not up or its max_model_len is shorter than `max_len`."""

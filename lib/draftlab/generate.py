@@ -31,7 +31,9 @@ from draftlab.progress import progress_bar
 
 
 def _chat_ids(tok, text: str) -> list[int]:
-    return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    return tok.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def length_batches(lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
@@ -63,8 +65,10 @@ def read_done(path: Path, settings: dict, verifier_dtype: str, requested: str = 
             if have.get(key) != want:
                 keep = f"Set {key}={have.get(key)!r} to keep them, use" if key in ("engine", "gen_dtype") else "Use"
                 picked = f" (engine={requested!r} picked {want!r})" if key == "engine" and requested != want else ""
-                raise DraftlabError(f"{path} holds responses made with {key}={have.get(key)!r}, not {want!r}{picked}. "
-                                    f"{keep} another dataset_name or delete that file to regenerate.")
+                raise DraftlabError(
+                    f"{path} holds responses made with {key}={have.get(key)!r}, not {want!r}{picked}. "
+                    f"{keep} another dataset_name or delete that file to regenerate."
+                )
         done[rec["id"]] = rec["response"]
     return done
 
@@ -79,9 +83,18 @@ def drop_cut_tail(path: Path) -> None:
             fh.truncate(data.rfind(b"\n") + 1)
 
 
-def generate_responses(verifier, prompts: list, path: Path, max_new_tokens: int = 128, temperature: float = 0.0,
-                       batch_size: int = 8, seed: int = 0, batch_tokens: int | None = None,
-                       engine: str | Engine = "hf", gen_dtype: str = "auto") -> dict[str, str]:
+def generate_responses(
+    verifier,
+    prompts: list,
+    path: Path,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    batch_size: int = 8,
+    seed: int = 0,
+    batch_tokens: int | None = None,
+    engine: str | Engine = "hf",
+    gen_dtype: str = "auto",
+) -> dict[str, str]:
     """Answers keyed by prompt id, appended to `path` as they finish: an interrupted run resumes.
     `engine` is a name (an Engine is opened and closed for this call) or an open Engine (one server for
     several calls; then gen_dtype is the Engine's). hf: batches of prompts of similar length and, on CPU,
@@ -89,7 +102,9 @@ def generate_responses(verifier, prompts: list, path: Path, max_new_tokens: int 
     compute-bound, so short prompts must not pay for one long one. vllm: `batch_size` requests at once."""
     if not isinstance(engine, Engine):
         with Engine(verifier, engine, gen_dtype) as eng:
-            return generate_responses(verifier, prompts, path, max_new_tokens, temperature, batch_size, seed, batch_tokens, eng)
+            return generate_responses(
+                verifier, prompts, path, max_new_tokens, temperature, batch_size, seed, batch_tokens, eng
+            )
     from draftlab.dataset import require_chat_template
 
     tok = verifier.tokenizer
@@ -97,8 +112,14 @@ def generate_responses(verifier, prompts: list, path: Path, max_new_tokens: int 
     path = Path(path)
 
     def settings() -> dict:
-        return {"verifier": verifier.fingerprint, "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
-                "engine": engine.name, "gen_dtype": engine.dtype}
+        return {
+            "verifier": verifier.fingerprint,
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "engine": engine.name,
+            "gen_dtype": engine.dtype,
+        }
 
     done = read_done(path, settings(), dtype_name(verifier.dtype), engine.requested)
     todo = [p for p in prompts if p.id not in done]
@@ -109,9 +130,13 @@ def generate_responses(verifier, prompts: list, path: Path, max_new_tokens: int 
     limit = getattr(verifier.config, "max_position_embeddings", None)
     over = [p.id for p in todo if limit and len(seqs[p.id]) + max_new_tokens > limit]
     if over:
-        warnings.warn(f"{len(over)} prompt(s) (first {over[0]}) plus max_new_tokens={max_new_tokens} pass the verifier's position "
-                      f"limit ({limit}): their answers are not what it was trained to give. Lower max_prompt_chars or max_new_tokens.",
-                      stacklevel=2)
+        warnings.warn(
+            f"{len(over)} prompt(s) (first {over[0]}) plus "
+            f"max_new_tokens={max_new_tokens} pass the verifier's position "
+            f"limit ({limit}): their answers are not what it was trained to give. "
+            "Lower max_prompt_chars or max_new_tokens.",
+            stacklevel=2,
+        )
     todo.sort(key=lambda p: len(seqs[p.id]))
     server = None
     if engine.name == "vllm":
@@ -125,11 +150,18 @@ def generate_responses(verifier, prompts: list, path: Path, max_new_tokens: int 
                 raise
             server = None
             engine.fall_back(f"vLLM could not serve the verifier: {e}".splitlines()[0])
-            done = read_done(path, settings(), dtype_name(verifier.dtype), engine.requested)  # the engine changed: check anew
+            done = read_done(
+                path, settings(), dtype_name(verifier.dtype), engine.requested
+            )  # the engine changed: check anew
     path.parent.mkdir(parents=True, exist_ok=True)
     drop_cut_tail(path)
     want, eos = settings(), eos_ids(verifier)
-    with path.open("a") as fh, progress_bar(total=len(todo), desc=f"Regenerating responses ({engine.name}, {engine.dtype})", unit="prompt") as bar:
+    with (
+        path.open("a") as fh,
+        progress_bar(
+            total=len(todo), desc=f"Regenerating responses ({engine.name}, {engine.dtype})", unit="prompt"
+        ) as bar,
+    ):
 
         def write(p, ids: list[int]) -> None:
             text = tok.decode(ids, skip_special_tokens=True).strip()
@@ -147,37 +179,69 @@ def generate_responses(verifier, prompts: list, path: Path, max_new_tokens: int 
 
                 serve_answers(server, todo, seqs, write, max_new_tokens, temperature, seed, concurrency=batch_size)
             else:
-                _hf_answers(engine.hf_verifier(), todo, seqs, write, max_new_tokens, temperature, batch_size, seed, batch_tokens)
+                _hf_answers(
+                    engine.hf_verifier(), todo, seqs, write, max_new_tokens, temperature, batch_size, seed, batch_tokens
+                )
         finally:
             engine.stats["generation s"] += time.perf_counter() - t0
     return {p.id: done[p.id] for p in prompts}
 
 
 @torch.no_grad()
-def _hf_answers(v, todo: list, seqs: dict, write, max_new_tokens: int, temperature: float, batch_size: int, seed: int,
-                batch_tokens: int | None) -> None:
+def _hf_answers(
+    v,
+    todo: list,
+    seqs: dict,
+    write,
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int,
+    seed: int,
+    batch_tokens: int | None,
+) -> None:
     """transformers' generate over batches of similar length; `write(prompt, new token ids)` per answer."""
     tok = v.tokenizer
     torch.manual_seed(seed)
     cap = batch_tokens or (64 * batch_size if v.device.type == "cpu" else 1 << 40)
     for rows in length_batches([len(seqs[p.id]) for p in todo], batch_size, cap):
         batch = [todo[i] for i in rows]
-        padded = tok.pad({"input_ids": [seqs[p.id] for p in batch]}, padding_side="left", return_tensors="pt").to(v.device)
+        padded = tok.pad({"input_ids": [seqs[p.id] for p in batch]}, padding_side="left", return_tensors="pt").to(
+            v.device
+        )
         width = padded["input_ids"].shape[1]
-        out = v.model.generate(**padded, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                               temperature=temperature if temperature > 0 else None, top_p=None, top_k=None,
-                               pad_token_id=tok.pad_token_id)
+        out = v.model.generate(
+            **padded,
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            top_p=None,
+            top_k=None,
+            pad_token_id=tok.pad_token_id,
+        )
         for p, row in zip(batch, out[:, width:].tolist(), strict=True):
             write(p, row)
 
 
-def sample_responses(verifier, prompts: list, run_dir: Path, n: int, temperature: float, max_new_tokens: int = 128,
-                     batch_size: int = 8, seed: int = 0, engine: str | Engine = "hf", gen_dtype: str = "auto") -> dict[str, list[str]]:
+def sample_responses(
+    verifier,
+    prompts: list,
+    run_dir: Path,
+    n: int,
+    temperature: float,
+    max_new_tokens: int = 128,
+    batch_size: int = 8,
+    seed: int = 0,
+    engine: str | Engine = "hf",
+    gen_dtype: str = "auto",
+) -> dict[str, list[str]]:
     """`n` further answers per prompt, sampled at `temperature`: more training text for the price of
     generation only (the targets are the verifier's logits, so sampled context is still exact signal).
     One resumable file per sample, responses-sampled-<j>.jsonl, with seed + 1 + j."""
     if n and temperature <= 0:
-        raise DraftlabError(f"extra_samples={n} needs sample_temperature > 0 (got {temperature}): greedy answers would repeat the first one.")
+        raise DraftlabError(
+            f"extra_samples={n} needs sample_temperature > 0 (got {temperature}): "
+            "greedy answers would repeat the first one."
+        )
     out: dict[str, list[str]] = {p.id: [] for p in prompts}
     if not n:
         return out
@@ -185,8 +249,16 @@ def sample_responses(verifier, prompts: list, run_dir: Path, n: int, temperature
         with Engine(verifier, engine, gen_dtype) as eng:
             return sample_responses(verifier, prompts, run_dir, n, temperature, max_new_tokens, batch_size, seed, eng)
     for j in range(n):
-        got = generate_responses(verifier, prompts, Path(run_dir) / f"responses-sampled-{j}.jsonl", max_new_tokens, temperature,
-                                 batch_size, seed + 1 + j, engine=engine)
+        got = generate_responses(
+            verifier,
+            prompts,
+            Path(run_dir) / f"responses-sampled-{j}.jsonl",
+            max_new_tokens,
+            temperature,
+            batch_size,
+            seed + 1 + j,
+            engine=engine,
+        )
         for pid, text in got.items():
             out[pid].append(text)
     return out

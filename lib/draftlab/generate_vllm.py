@@ -32,8 +32,10 @@ def needed_len(seqs: Iterable[list[int]], max_new_tokens: int, limit: int | None
     verifier's position limit (vLLM refuses more, and refuses requests past it)."""
     longest = max(map(len, seqs), default=0) + max_new_tokens
     if limit and longest > limit:
-        raise DraftlabError(f"a prompt plus max_new_tokens={max_new_tokens} needs {longest} positions, past the verifier's "
-                            f"limit ({limit}), which vLLM refuses: lower max_prompt_chars or max_new_tokens, or use engine='hf'.")
+        raise DraftlabError(
+            f"a prompt plus max_new_tokens={max_new_tokens} needs {longest} positions, past the verifier's "
+            f"limit ({limit}), which vLLM refuses: lower max_prompt_chars or max_new_tokens, or use engine='hf'."
+        )
     return min(-(-longest // 256) * 256, limit) if limit else -(-longest // 256) * 256
 
 
@@ -44,19 +46,34 @@ def request_seed(seed: int, prompt_id: str) -> int:
 def request_body(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> dict:
     from draftlab.serve import SERVED_NAME
 
-    return {"model": SERVED_NAME, "prompt": ids, "max_tokens": max_new_tokens, "temperature": temperature, "top_p": 1.0,
-            "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-            "seed": seed, "return_token_ids": True}
+    return {
+        "model": SERVED_NAME,
+        "prompt": ids,
+        "max_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "seed": seed,
+        "return_token_ids": True,
+    }
 
 
 def answer(server, ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> list[int]:
     """One completion: the new token ids (with the end-of-sequence token when it stopped there)."""
-    r = server.request("/v1/completions", request_body(ids, max_new_tokens, temperature, seed), timeout=REQUEST_TIMEOUT_S)
+    r = server.request(
+        "/v1/completions", request_body(ids, max_new_tokens, temperature, seed), timeout=REQUEST_TIMEOUT_S
+    )
     choice = r["choices"][0]
     echoed = choice.get("prompt_token_ids") or r.get("prompt_token_ids")
     if echoed is not None and list(echoed) != list(ids):
-        raise DraftlabError(f"vLLM read other prompt tokens than it was sent ({len(echoed)} vs {len(ids)}; first at "
-                            f"{next((i for i, (a, b) in enumerate(zip(echoed, ids)) if a != b), min(len(echoed), len(ids)))}).")
+        raise DraftlabError(
+            f"vLLM read other prompt tokens than it was sent ({len(echoed)} vs {len(ids)}; first at "
+            f"{next((i for i, (a, b) in enumerate(zip(echoed, ids, strict=False)) if a != b), min(len(echoed), len(ids)))})."  # noqa: E501 (one replacement field)
+        )
     return list(choice["token_ids"])
 
 
@@ -69,14 +86,25 @@ def probe(server, ids: list[int]) -> None:
         raise DraftlabError(f"vLLM failed its first request ({e}); its log: {server.cause()}") from None
 
 
-def serve_answers(server, todo: list, seqs: dict, write: Callable, max_new_tokens: int, temperature: float, seed: int,
-                  concurrency: int) -> None:
+def serve_answers(
+    server,
+    todo: list,
+    seqs: dict,
+    write: Callable,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    concurrency: int,
+) -> None:
     """`concurrency` requests in flight on threads; `write(prompt, token ids)` on this thread, in the order
     they finish. On an error or an interrupt the queued requests are dropped at once (the caller's
     Engine then stops the server, which ends those in flight)."""
     pool = cf.ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(todo))), thread_name_prefix="draftlab-vllm")
     try:
-        futures = {pool.submit(answer, server, seqs[p.id], max_new_tokens, temperature, request_seed(seed, p.id)): p for p in todo}
+        futures = {
+            pool.submit(answer, server, seqs[p.id], max_new_tokens, temperature, request_seed(seed, p.id)): p
+            for p in todo
+        }
         for f in cf.as_completed(futures):
             write(futures[f], f.result())
     finally:

@@ -18,11 +18,21 @@ NAME = "sdpa_gqa"
 def sdpa_gqa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **_):
     """transformers' `sdpa_attention_forward` (no paged cache, no position bias) minus the copy."""
     q_len = query.shape[2]
-    causal = q_len > 1 and attention_mask is None and (getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    causal = (
+        q_len > 1
+        and attention_mask is None
+        and (getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    )
     if causal and key.shape[2] > q_len:  # as transformers does: is_causal aligns top-left
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal,
         enable_gqa=query.shape[1] != key.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None

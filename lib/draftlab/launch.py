@@ -58,8 +58,9 @@ MAX_SAVES = 4  # speculators keeps every save (optimizer state included); draftl
 NUM_WORKERS = 4  # per loader; the validation loader starts as many again
 
 
-def epoch_steps(lengths, total_seq_len: int, nproc: int, seed: int, steps: int,
-                train_data_ratio: float = 0.9) -> list[int]:
+def epoch_steps(
+    lengths, total_seq_len: int, nproc: int, seed: int, steps: int, train_data_ratio: float = 0.9
+) -> list[int]:
     """Optimizer steps of each epoch speculators will run for `steps` steps: its own sampler over the
     rows its train split takes, one list entry per epoch (the last one may be cut short by max_steps)."""
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
@@ -70,8 +71,10 @@ def epoch_steps(lengths, total_seq_len: int, nproc: int, seed: int, steps: int,
     while sum(counts) < steps:
         sampler.set_epoch(len(counts))
         if not (n := len(sampler)):
-            raise DraftlabError(f"speculators' train split ({len(rows)} rows at train_data_ratio={train_data_ratio}) "
-                                f"gives no pack for {nproc} processes; use fewer processes or more data (stage 01).")
+            raise DraftlabError(
+                f"speculators' train split ({len(rows)} rows at train_data_ratio={train_data_ratio}) "
+                f"gives no pack for {nproc} processes; use fewer processes or more data (stage 01)."
+            )
         counts.append(n)
     return counts
 
@@ -96,9 +99,11 @@ def check_verifier(path) -> Path:
 
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
-        raise DraftlabError(f"verifier {path} is not a local directory here: speculators would ask the Hugging Face "
-                            "Hub for it. Generate the command on the machine that trains, after stage 01 (it writes "
-                            "data/verifiers/).")
+        raise DraftlabError(
+            f"verifier {path} is not a local directory here: speculators would ask the Hugging Face "
+            "Hub for it. Generate the command on the machine that trains, after stage 01 (it writes "
+            "data/verifiers/)."
+        )
     return resolve_verifier(path)
 
 
@@ -107,8 +112,16 @@ def epochs_in(save_path: Path) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir()) if root.is_dir() else []
 
 
-def speculators_flags(draft, data: Path, settings, save_path: Path, counts: list[int], train_data_ratio: float = 0.9,
-                      num_workers: int = NUM_WORKERS, prefetch_factor: int = 4) -> list[str]:
+def speculators_flags(
+    draft,
+    data: Path,
+    settings,
+    save_path: Path,
+    counts: list[int],
+    train_data_ratio: float = 0.9,
+    num_workers: int = NUM_WORKERS,
+    prefetch_factor: int = 4,
+) -> list[str]:
     """`speculators train` flags (checked against its own parser in the tests)."""
     s, cfg = settings, draft.train_config.flatten()
     train = Path(data).resolve() / "train"
@@ -116,32 +129,56 @@ def speculators_flags(draft, data: Path, settings, save_path: Path, counts: list
     loss, _ = checks.pick_loss("cuda", True, torch.__version__, version("speculators"))
     T, _ = checks.pack_length(s.pack_len, draft.kind, FLEX)
     flags = {
-        "speculator-type": draft.kind, "verifier-name-or-path": check_verifier(cfg["verifier_name_or_path"]),
-        "data-path": train, "on-missing": "raise", "hidden-states-dtype": "bfloat16", "total-seq-len": T,
-        "train-data-ratio": train_data_ratio, "num-workers": num_workers, "prefetch-factor": prefetch_factor,
-        "target-layer-ids": cfg["target_layer_ids"], "num-layers": cfg["num_layers"], "draft-vocab-size": n,
-        "draft-attn-impl": FLEX, "loss-implementation": loss,
-        "optimizer": "adamw", "lr": s.learning_rate, "weight-decay": s.weight_decay,
-        "scheduler-type": "cosine", "scheduler-warmup-steps": s.warmup_steps, "scheduler-total-steps": s.steps,
-        "max-steps": s.steps, "epochs": len(counts),
+        "speculator-type": draft.kind,
+        "verifier-name-or-path": check_verifier(cfg["verifier_name_or_path"]),
+        "data-path": train,
+        "on-missing": "raise",
+        "hidden-states-dtype": "bfloat16",
+        "total-seq-len": T,
+        "train-data-ratio": train_data_ratio,
+        "num-workers": num_workers,
+        "prefetch-factor": prefetch_factor,
+        "target-layer-ids": cfg["target_layer_ids"],
+        "num-layers": cfg["num_layers"],
+        "draft-vocab-size": n,
+        "draft-attn-impl": FLEX,
+        "loss-implementation": loss,
+        "optimizer": "adamw",
+        "lr": s.learning_rate,
+        "weight-decay": s.weight_decay,
+        "scheduler-type": "cosine",
+        "scheduler-warmup-steps": s.warmup_steps,
+        "scheduler-total-steps": s.steps,
+        "max-steps": s.steps,
+        "epochs": len(counts),
         "checkpoint-freq": f"{checkpoint_freq(counts, s.steps, s.checkpoint_every):g}",
-        "seed": s.seed, "save-path": Path(save_path).resolve(),
+        "seed": s.seed,
+        "save-path": Path(save_path).resolve(),
     }
     if (train / f"d2t-{n}.npy").exists():
         flags.update({"d2t-path": train / f"d2t-{n}.npy", "t2d-path": train / f"t2d-{n}.npy"})
     if draft.kind == "eagle3":
         flags.update({"ttt-steps": s.ttt_steps, "ttt-step-loss-decay": s.ttt_step_loss_decay})
     else:
-        flags.update({"block-size": cfg["block_size"], "max-anchors": s.n_anchors,
-                      "mask-token-id": cfg["mask_token_id"]})
+        flags.update(
+            {"block-size": cfg["block_size"], "max-anchors": s.n_anchors, "mask-token-id": cfg["mask_token_id"]}
+        )
     out = []
     for key, value in flags.items():
         out += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
     return out
 
 
-def torchrun_command(draft, data: Path, settings, nproc: int, save_path: Path | None = None, resume: bool = False,
-                     train_data_ratio: float = 0.9, num_workers: int = NUM_WORKERS) -> list[str]:
+def torchrun_command(
+    draft,
+    data: Path,
+    settings,
+    nproc: int,
+    save_path: Path | None = None,
+    resume: bool = False,
+    train_data_ratio: float = 0.9,
+    num_workers: int = NUM_WORKERS,
+) -> list[str]:
     """`torchrun --standalone --nproc-per-node N -m speculators.train <flags>` for this draft and data.
 
     Checkpoints go to `save_path` (default `<data>/drafts/<kind>/speculators`); a save path that already
@@ -153,9 +190,11 @@ def torchrun_command(draft, data: Path, settings, nproc: int, save_path: Path | 
         raise DraftlabError(f"nproc={nproc}: need at least one GPU process.")
     save_path = Path(save_path or Path(data) / "drafts" / draft.kind / "speculators").resolve()
     if (found := epochs_in(save_path)) and not resume:
-        raise DraftlabError(f"{save_path} already holds speculators epochs {found}: the command would resume that "
-                            "run. Remove the folder (or pick another save_path) for a fresh run, or pass resume=True "
-                            "to continue it.")
+        raise DraftlabError(
+            f"{save_path} already holds speculators epochs {found}: the command would resume that "
+            "run. Remove the folder (or pick another save_path) for a fresh run, or pass resume=True "
+            "to continue it."
+        )
     T, _ = checks.pack_length(settings.pack_len, draft.kind, FLEX)
     lengths = open_split(draft, Path(data) / "train", T).approx_lengths
     counts = epoch_steps(lengths, T, nproc, settings.seed, settings.steps, train_data_ratio)
@@ -203,8 +242,9 @@ def find_checkpoint(save_path, prefer: str = "best") -> Path:
     A folder that is itself a checkpoint (draftlab's final/, one epoch folder) is returned as it is."""
     root = Path(save_path)
     if prefer not in ("best", "last"):
-        raise DraftlabError(f"prefer={prefer!r}: use 'best' (speculators' lowest validation loss) or 'last' "
-                            "(the newest epoch).")
+        raise DraftlabError(
+            f"prefer={prefer!r}: use 'best' (speculators' lowest validation loss) or 'last' (the newest epoch)."
+        )
     if loadable(root):
         return root
     best = root / "checkpoint_best"
@@ -214,12 +254,17 @@ def find_checkpoint(save_path, prefer: str = "best") -> Path:
     if good:
         return good[-1]
     seen = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-    hint = "; interrupted/ is speculators' save on a stop: pass it itself, or rename it to an epoch number" \
-        if "interrupted" in seen else ""
-    raise DraftlabError(f"no draft checkpoint at {root}: no config.json with model.safetensors there, nor in a "
-                        f"speculators epoch folder (<save>/<epoch>/ or checkpoint_best; found {seen[:8] or 'nothing'})"
-                        f"{hint}. Run notebook 04 or the torchrun command (launch.torchrun_command) to the end, or "
-                        "pass the folder save_pretrained wrote.")
+    hint = (
+        "; interrupted/ is speculators' save on a stop: pass it itself, or rename it to an epoch number"
+        if "interrupted" in seen
+        else ""
+    )
+    raise DraftlabError(
+        f"no draft checkpoint at {root}: no config.json with model.safetensors there, nor in a "
+        f"speculators epoch folder (<save>/<epoch>/ or checkpoint_best; found {seen[:8] or 'nothing'})"
+        f"{hint}. Run notebook 04 or the torchrun command (launch.torchrun_command) to the end, or "
+        "pass the folder save_pretrained wrote."
+    )
 
 
 def trained_draft(kind_dir) -> Path | None:

@@ -59,10 +59,17 @@ def write_sample(path: Path, token_ids, hs: torch.Tensor) -> dict:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(blob)
     os.replace(tmp, path)  # atomic: a file at its final name is always complete
-    return {"sha256": hashlib.sha256(blob).hexdigest(), "tokens": len(token_ids), "ids": ids_digest(token_ids), "bytes": len(blob)}
+    return {
+        "sha256": hashlib.sha256(blob).hexdigest(),
+        "tokens": len(token_ids),
+        "ids": ids_digest(token_ids),
+        "bytes": len(blob),
+    }
 
 
-VERIFIED = ".verified.json"  # sha256 already checked, per (file, size, mtime): a split is hashed once, not at every open
+VERIFIED = (
+    ".verified.json"  # sha256 already checked, per (file, size, mtime): a split is hashed once, not at every open
+)
 
 
 def verify_files(folder: Path) -> None:
@@ -80,7 +87,9 @@ def verify_files(folder: Path) -> None:
             continue
         st = f.stat()
         if "bytes" in entry and st.st_size != entry["bytes"]:
-            bad.append((f, f"it holds {st.st_size} bytes, the manifest says {entry['bytes']} (cut short or overwritten)"))
+            bad.append(
+                (f, f"it holds {st.st_size} bytes, the manifest says {entry['bytes']} (cut short or overwritten)")
+            )
             continue
         key = f"{i}:{st.st_size}:{st.st_mtime_ns}"
         if cache.get(key) == entry["sha256"]:
@@ -93,8 +102,11 @@ def verify_files(folder: Path) -> None:
     tmp.write_text(json.dumps(cache))
     os.replace(tmp, cache_path)
     if bad:
-        raise DraftlabError(f"{folder}: {len(bad)} hidden-state file(s) do not match manifest.json; the first, {bad[0][0]}: {bad[0][1]}. "
-                            "Re-run notebook 01 for this dataset_name: it keeps the sound files and redoes these.")
+        raise DraftlabError(
+            f"{folder}: {len(bad)} hidden-state file(s) do not match "
+            f"manifest.json; the first, {bad[0][0]}: {bad[0][1]}. "
+            "Re-run notebook 01 for this dataset_name: it keeps the sound files and redoes these."
+        )
 
 
 def sound_entry(path: Path, entry: dict | None, ids, n_slots: int, hidden: int) -> dict | None:

@@ -76,20 +76,31 @@ def run_checks(view: MaskView, flex_block: int, n_points: int | None = 2000, see
         pts = [(q, k) for q in range(view.q_len) for k in range(view.kv_len)]
     else:
         g = torch.Generator().manual_seed(seed)
-        pts = list(zip(torch.randint(view.q_len, (n_points,), generator=g).tolist(),
-                       torch.randint(view.kv_len, (n_points,), generator=g).tolist(), strict=True))
+        pts = list(
+            zip(
+                torch.randint(view.q_len, (n_points,), generator=g).tolist(),
+                torch.randint(view.kv_len, (n_points,), generator=g).tolist(),
+                strict=True,
+            )
+        )
     ref = pointwise(view.mask_mod, view.q_len, view.kv_len, pts)
     got = torch.tensor([bool(dense[q, k]) for q, k in pts])
     add("dense mask == mask function evaluated point by point", torch.equal(ref, got), f"{len(pts)} points")
-    add("BlockMask full/partial/skipped blocks agree with the token mask",
-        torch.equal(block_states(view.block), expected_block_states(dense, flex_block)), f"block {flex_block}")
+    add(
+        "BlockMask full/partial/skipped blocks agree with the token mask",
+        torch.equal(block_states(view.block), expected_block_states(dense, flex_block)),
+        f"block {flex_block}",
+    )
     add("no query row is empty (softmax stays finite)", bool(dense.any(1).all()))
     if "anchors" in view.extra:
         doc, anchors, bs = view.extra["document_ids"].cpu(), view.extra["anchors"].cpu(), view.extra["block_size"]
         want = _dflash_expected(doc, anchors, bs)
         n = doc.numel()
         add("no query sees another anchor's block", not (dense[:, n:] & ~want[:, n:]).any())
-        add("no query sees a base token at or after its anchor, or in another document", not (dense[:, :n] & ~want[:, :n]).any())
+        add(
+            "no query sees a base token at or after its anchor, or in another document",
+            not (dense[:, :n] & ~want[:, :n]).any(),
+        )
         add("each query sees its whole own block", bool(dense[:, n:][want[:, n:]].all()))
         add("token mask == DFlash intent exactly", torch.equal(dense, want))
     else:
@@ -104,6 +115,9 @@ def run_checks(view: MaskView, flex_block: int, n_points: int | None = 2000, see
             add("no query sees another document", not (base & ~want[:, :n]).any())
             for s in range(1, steps + 1):
                 blk = dense[:, s * n : (s + 1) * n]
-                add(f"TTT step {s}: each query sees exactly its own position", torch.equal(blk, torch.eye(n, dtype=torch.bool)))
+                add(
+                    f"TTT step {s}: each query sees exactly its own position",
+                    torch.equal(blk, torch.eye(n, dtype=torch.bool)),
+                )
             add("token mask == EAGLE-3 intent exactly", torch.equal(dense, want))
     return out

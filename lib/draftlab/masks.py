@@ -52,11 +52,16 @@ def synthetic_pack(lengths: list[int], total_len: int, prompt_share: float = 0.4
     samples = []
     for n in lengths:
         k = int(n * prompt_share)
-        samples.append({
-            "input_ids": torch.zeros(n, dtype=torch.long), "loss_mask": torch.tensor([0] * k + [1] * (n - k)),
-            "hidden_states": torch.zeros(n, 1), "verifier_last_hidden_states": torch.zeros(n, 1),
-            "lengths": torch.tensor([n]), "position_ids": torch.arange(n),
-        })
+        samples.append(
+            {
+                "input_ids": torch.zeros(n, dtype=torch.long),
+                "loss_mask": torch.tensor([0] * k + [1] * (n - k)),
+                "hidden_states": torch.zeros(n, 1),
+                "verifier_last_hidden_states": torch.zeros(n, 1),
+                "lengths": torch.tensor([n]),
+                "position_ids": torch.arange(n),
+            }
+        )
     return CollateFn(total_len, hidden_size=1, num_target_layers=1, dtype=torch.float32)(samples)
 
 
@@ -85,8 +90,9 @@ def _doc_bounds(document_ids: torch.Tensor) -> list[int]:
     return [i for i in range(1, len(d)) if d[i] != d[i - 1]]
 
 
-def eagle3_block_mask(document_ids: torch.Tensor, ttt_step: int = 0, flex_block: int = 128, device="cpu",
-                      builder=create_block_mask):
+def eagle3_block_mask(
+    document_ids: torch.Tensor, ttt_step: int = 0, flex_block: int = 128, device="cpu", builder=create_block_mask
+):
     """(mask_mod, BlockMask) exactly as EAGLE-3 training builds them at step `ttt_step`; no dense mask."""
     from speculators.models.eagle3.attention import create_combined_mask_mod, extend_mask_for_draft_tokens
 
@@ -100,8 +106,16 @@ def eagle3_block_mask(document_ids: torch.Tensor, ttt_step: int = 0, flex_block:
     return mod, block
 
 
-def dflash_block_mask(document_ids: torch.Tensor, loss_mask: torch.Tensor, n_anchors: int, block_size: int,
-                      flex_block: int = 128, seed: int = 0, device="cpu", builder=create_block_mask):
+def dflash_block_mask(
+    document_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    n_anchors: int,
+    block_size: int,
+    flex_block: int = 128,
+    seed: int = 0,
+    device="cpu",
+    builder=create_block_mask,
+):
     """(mask_mod, BlockMask, anchors, anchor_valid) as DFlash training builds them; no dense mask."""
     from speculators.models.dflash.attention import create_anchor_block_mask_mod
     from speculators.models.dflash.utils import select_anchors
@@ -126,8 +140,17 @@ def eagle3_mask(document_ids: torch.Tensor, ttt_step: int = 0, flex_block: int =
         f"the packed sequence, then one block of L keys per earlier TTT step, of which each query sees only its own "
         f"position (the diagonal)."
     )
-    return MaskView(f"EAGLE-3, TTT step {ttt_step}", mod, dense, block, arith, [("queries", 0, n)], kv_regions,
-                    _doc_bounds(doc), {"document_ids": doc, "flex_block": flex_block})
+    return MaskView(
+        f"EAGLE-3, TTT step {ttt_step}",
+        mod,
+        dense,
+        block,
+        arith,
+        [("queries", 0, n)],
+        kv_regions,
+        _doc_bounds(doc),
+        {"document_ids": doc, "flex_block": flex_block},
+    )
 
 
 def check_block_lengths(block: BlockMask, q_len: int, kv_len: int) -> None:
@@ -146,21 +169,43 @@ def check_block_lengths(block: BlockMask, q_len: int, kv_len: int) -> None:
         )
 
 
-def dflash_mask(document_ids: torch.Tensor, loss_mask: torch.Tensor, n_anchors: int, block_size: int,
-                flex_block: int = 128, seed: int = 0, device="cpu") -> MaskView:
+def dflash_mask(
+    document_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    n_anchors: int,
+    block_size: int,
+    flex_block: int = 128,
+    seed: int = 0,
+    device="cpu",
+) -> MaskView:
     """The DFlash anchor-block mask, anchors drawn by speculators' `select_anchors` (seeded)."""
     doc = document_ids.reshape(-1).to(device)
     n = doc.numel()
     mod, block, anchors, valid = dflash_block_mask(doc, loss_mask, n_anchors, block_size, flex_block, seed, device)
     q_len, kv_len = n_anchors * block_size, n + n_anchors * block_size
     dense = create_mask(mod, None, None, q_len, kv_len, device=device)[0, 0]
-    q_regions = [(f"anchor {j} @ {int(a)}", j * block_size, (j + 1) * block_size) for j, a in enumerate(anchors.tolist())]
+    q_regions = [
+        (f"anchor {j} @ {int(a)}", j * block_size, (j + 1) * block_size) for j, a in enumerate(anchors.tolist())
+    ]
     arith = (
         f"q_len = n_anchors * block_size = {n_anchors} * {block_size} = {q_len} synthetic queries. "
         f"kv_len = L + q_len = {n} + {q_len} = {kv_len}: the packed base sequence, then the anchor blocks. "
         f"{int(valid.sum())} of {n_anchors} anchors are valid (supervised positions at least block_size from the end)."
     )
-    return MaskView(f"DFlash, {n_anchors} anchors x block {block_size}", mod, dense, block, arith, q_regions,
-                    [("packed base sequence", 0, n), ("anchor blocks", n, kv_len)], _doc_bounds(doc),
-                    {"anchors": anchors, "anchor_valid": valid, "block_size": block_size, "document_ids": doc,
-                     "flex_block": flex_block})
+    return MaskView(
+        f"DFlash, {n_anchors} anchors x block {block_size}",
+        mod,
+        dense,
+        block,
+        arith,
+        q_regions,
+        [("packed base sequence", 0, n), ("anchor blocks", n, kv_len)],
+        _doc_bounds(doc),
+        {
+            "anchors": anchors,
+            "anchor_valid": valid,
+            "block_size": block_size,
+            "document_ids": doc,
+            "flex_block": flex_block,
+        },
+    )

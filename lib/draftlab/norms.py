@@ -14,7 +14,10 @@ from draftlab import DraftlabError
 
 
 def _eps(norm) -> float:
-    return next((float(getattr(norm, a)) for a in ("variance_epsilon", "eps") if isinstance(getattr(norm, a, None), float)), 1e-6)
+    return next(
+        (float(getattr(norm, a)) for a in ("variance_epsilon", "eps") if isinstance(getattr(norm, a, None), float)),
+        1e-6,
+    )
 
 
 def _tol(dtype: torch.dtype) -> dict:
@@ -38,16 +41,19 @@ def norm_gain(norm: torch.nn.Module) -> str | None:
         return None
     x, base = _rms_probe(norm)
     y, w = norm(x).float(), norm.weight.float()
-    return next((g for g, gain in (("x*w", w), ("x*(1+w)", 1 + w)) if torch.allclose(y, base * gain, **_tol(x.dtype))), None)
+    return next(
+        (g for g, gain in (("x*w", w), ("x*(1+w)", 1 + w)) if torch.allclose(y, base * gain, **_tol(x.dtype))), None
+    )
 
 
 def refuse_unsupported_norm(v) -> None:
     if norm_gain(v.norm) is None:
         raise DraftlabError(
-            f"verifier {v.path}: its final norm is a {type(v.norm).__name__}, not an RMSNorm (x/rms(x) times w or 1+w); a "
-            "LayerNorm (mean-centred, with a bias) is not supported: speculators' drafts rebuild the verifier's logits "
-            "from its final hidden state through an RMSNorm of the norm's weight, so their training targets would be "
-            "other logits than the verifier's.")
+            f"verifier {v.path}: its final norm is a {type(v.norm).__name__}, not an RMSNorm (x/rms(x) times w or "
+            "1+w); a LayerNorm (mean-centred, with a bias) is not supported: speculators' drafts rebuild the "
+            "verifier's logits from its final hidden state through an RMSNorm of the norm's weight, so their training "
+            "targets would be other logits than the verifier's."
+        )
 
 
 def match_verifier_norm(model: torch.nn.Module, v) -> str | None:
@@ -65,7 +71,10 @@ def match_verifier_norm(model: torch.nn.Module, v) -> str | None:
     new.weight.data.copy_(old.weight.data)
     new.weight.requires_grad_(False)
     model.verifier_norm = new
-    return f"the verifier's final norm is x*(1+w) ({type(v.norm).__name__}); speculators' {type(old).__name__} computes x*w"
+    return (
+        f"the verifier's final norm is x*(1+w) ({type(v.norm).__name__}); "
+        f"speculators' {type(old).__name__} computes x*w"
+    )
 
 
 @torch.no_grad()
@@ -79,7 +88,9 @@ def same_norm(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 def check_verifier_norm(model: torch.nn.Module, v) -> None:
     """Refuse a draft whose frozen verifier_norm holds the verifier's weight but computes another function."""
     if not same_norm(model.verifier_norm, v.norm):
-        raise DraftlabError(f"the draft's verifier_norm ({type(model.verifier_norm).__name__}) holds verifier {v.path}'s weight but computes "
-                            f"another function than its final norm ({type(v.norm).__name__}, {norm_gain(v.norm)}): its training targets "
-                            "would not be the verifier's logits. Load it through draftlab (build_draft, load_draft, checkpoint.reload), "
-                            "which matches them.")
+        raise DraftlabError(
+            f"the draft's verifier_norm ({type(model.verifier_norm).__name__}) holds verifier {v.path}'s weight "
+            f"but computes another function than its final norm ({type(v.norm).__name__}, {norm_gain(v.norm)}): "
+            "its training targets would not be the verifier's logits. Load it through draftlab (build_draft, "
+            "load_draft, checkpoint.reload), which matches them."
+        )

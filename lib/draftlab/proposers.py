@@ -70,7 +70,9 @@ class Eagle3Proposer(Proposer):
         self.layer_ids = list(model.target_layer_ids)
         self.device = model.fc.weight.device
         n = model.lm_head.weight.shape[0]  # draft vocabulary; without d2t it is the target's
-        self.d2t = model.d2t.to(self.device) if model.d2t is not None else torch.zeros(n, dtype=torch.long, device=self.device)
+        self.d2t = (
+            model.d2t.to(self.device) if model.d2t is not None else torch.zeros(n, dtype=torch.long, device=self.device)
+        )
 
     def reset(self, prompt_ids):
         from transformers import DynamicCache
@@ -90,8 +92,14 @@ class Eagle3Proposer(Proposer):
         mask = mask.triu(past + 1)[None, None]  # row i sees keys 0..past+i
         emb = m.rotary_emb(h, pos)
         for layer in m.layers:
-            h = layer(h, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
-                      cache_position=torch.arange(past, past + n, device=self.device), position_embeddings=emb)
+            h = layer(
+                h,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=self.cache,
+                cache_position=torch.arange(past, past + n, device=self.device),
+                position_embeddings=emb,
+            )
         return h[0]
 
     def _head(self, h: torch.Tensor):
@@ -106,7 +114,10 @@ class Eagle3Proposer(Proposer):
         m = self.model
         n_new = len(self.pending)
         if self.n_real + n_new != len(ids) - 1:
-            raise DraftlabError(f"EAGLE-3 proposer out of step: {self.n_real}+{n_new} draft rows for {len(ids)} tokens; call reset(prompt) first.")
+            raise DraftlabError(
+                f"EAGLE-3 proposer out of step: {self.n_real}+{n_new} draft "
+                f"rows for {len(ids)} tokens; call reset(prompt) first."
+            )
         toks = torch.tensor(ids[self.n_real + 1 :], device=self.device)
         h = self._rows(toks, m.fc(self._prep(self.pending)), self.n_real)[-1:]
         self.n_real, self.pending = len(ids) - 1, self.pending[:0]
@@ -157,26 +168,44 @@ class DFlashProposer(Proposer):
         self.name, self.layer_ids = "dflash", list(model.target_layer_ids)
         self.device = model.fc.weight.device
         n = model.lm_head.weight.shape[0]
-        self.d2t = model.d2t.to(self.device) if model.d2t is not None else torch.zeros(n, dtype=torch.long, device=self.device)
+        self.d2t = (
+            model.d2t.to(self.device) if model.d2t is not None else torch.zeros(n, dtype=torch.long, device=self.device)
+        )
 
     def reset(self, prompt_ids):
-        self.ctx = torch.empty(0, self.model.config.transformer_layer_config.hidden_size, device=self.device, dtype=self.model.fc.weight.dtype)
+        self.ctx = torch.empty(
+            0,
+            self.model.config.transformer_layer_config.hidden_size,
+            device=self.device,
+            dtype=self.model.fc.weight.dtype,
+        )
 
     def update(self, aux, n_kept):
-        self.ctx = torch.cat([self.ctx, self.model.hidden_norm(self.model.fc(aux[:n_kept].to(self.device, self.ctx.dtype)))])
+        self.ctx = torch.cat(
+            [self.ctx, self.model.hidden_norm(self.model.fc(aux[:n_kept].to(self.device, self.ctx.dtype)))]
+        )
 
     @torch.no_grad()
     def propose(self, ids, k, temperature, generator):
         m, n, size = self.model, len(ids) - 1, self.model.block_size
         if len(self.ctx) != n:
-            raise DraftlabError(f"DFlash proposer out of step: {len(self.ctx)} context states for {len(ids)} tokens; call reset(prompt) first.")
+            raise DraftlabError(
+                f"DFlash proposer out of step: {len(self.ctx)} context "
+                f"states for {len(ids)} tokens; call reset(prompt) first."
+            )
         block = torch.tensor([[ids[-1]] + [m.mask_token_id] * (size - 1)], device=self.device)
         h = m.embed_tokens(block)
         pos = torch.arange(n + size, device=self.device)[None]  # context 0..n-1, block n..n+B-1
         emb = m.rotary_emb(h, pos)
         mask = torch.zeros(1, 1, size, n + size, device=self.device, dtype=h.dtype)
         for layer in m.layers:
-            h = layer(target_hidden=self.ctx[None], hidden_states=h, attention_mask=mask, position_ids=pos, position_embeddings=emb)
+            h = layer(
+                target_hidden=self.ctx[None],
+                hidden_states=h,
+                attention_mask=mask,
+                position_ids=pos,
+                position_embeddings=emb,
+            )
         logits = m.lm_head(m.norm(h))[0, 1 : 1 + min(k, size - 1)].float()
         if temperature == 0:
             idx = logits.argmax(-1)
@@ -221,13 +250,21 @@ def load_draft(path, verifier):
     model = load_model(path, cls, attention, verifier.device, verifier.dtype).eval()
     norms.match_verifier_norm(model, verifier)
     if model.config.transformer_layer_config.hidden_size != verifier.hidden_size:
-        raise DraftlabError(f"draft {path} has hidden size {model.config.transformer_layer_config.hidden_size}, the verifier {verifier.hidden_size}: it was trained for another verifier.")
-    flat = {"loss_implementation": "eager", "target_layer_ids": model.target_layer_ids if kind == "eagle3" else None,
-            "draft_vocab_size": model.config.draft_vocab_size}
+        raise DraftlabError(
+            f"draft {path} has hidden size {model.config.transformer_layer_config.hidden_size}, "
+            f"the verifier {verifier.hidden_size}: it was trained for another verifier."
+        )
+    flat = {
+        "loss_implementation": "eager",
+        "target_layer_ids": model.target_layer_ids if kind == "eagle3" else None,
+        "draft_vocab_size": model.config.draft_vocab_size,
+    }
     if kind == "eagle3":
         flat["ttt_steps"] = model.config.speculators_config.proposal_methods[0].speculative_tokens
     train_config = _train_config(kind, head_view(verifier), **{k: v for k, v in flat.items() if v is not None})
     train_kwargs, _ = cls.get_trainer_kwargs(**train_config.flatten())
-    draft = Draft(model, kind, verifier, train_config, train_kwargs, {"checkpoint": (str(path), "loaded for drafting, sdpa")})
+    draft = Draft(
+        model, kind, verifier, train_config, train_kwargs, {"checkpoint": (str(path), "loaded for drafting, sdpa")}
+    )
     verify(draft, saved_dtype(path))
     return draft

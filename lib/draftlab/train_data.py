@@ -25,27 +25,43 @@ def open_split(draft, folder: Path, pack_len: int):
     folder = Path(folder)
     man = manifest.read(folder)
     if man is None:
-        raise DraftlabError(f"{folder} has no manifest.json; run stage 01 (notebook 01) to write data/runs/<dataset_name>/{folder.name}.")
+        raise DraftlabError(
+            f"{folder} has no manifest.json; run stage 01 (notebook "
+            f"01) to write data/runs/<dataset_name>/{folder.name}."
+        )
     v = draft.verifier
-    for key, want in (("verifier_fingerprint", v.fingerprint), ("hidden_size", v.hidden_size), ("layer_ids", list(draft.model.target_layer_ids))):
+    for key, want in (
+        ("verifier_fingerprint", v.fingerprint),
+        ("hidden_size", v.hidden_size),
+        ("layer_ids", list(draft.model.target_layer_ids)),
+    ):
         if man.get(key) != want:
             raise DraftlabError(
-                f"{folder} does not match the draft: manifest field {key!r} is {man.get(key)!r} there but {want!r} for the draft "
-                f"(verifier {v.path}); train on data extracted from this verifier, or build the draft from {man.get('verifier_path')!r}."
+                f"{folder} does not match the draft: manifest field {key!r} "
+                f"is {man.get(key)!r} there but {want!r} for the draft "
+                f"(verifier {v.path}); train on data extracted from this verifier, "
+                f"or build the draft from {man.get('verifier_path')!r}."
             )
     if not man.get("complete", True):
-        raise DraftlabError(f"{folder}: stage-01 extraction did not finish (manifest complete=false); re-run notebook 01, it resumes.")
+        raise DraftlabError(
+            f"{folder}: stage-01 extraction did not finish (manifest complete=false); re-run notebook 01, it resumes."
+        )
     state = folder / "state.json"
     if state.exists() and not json.loads(state.read_text()).get("_data_files"):
-        raise DraftlabError(f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code).")
+        raise DraftlabError(
+            f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code)."
+        )
     ds = ArrowDataset(max_len=pack_len, datapath=str(folder), on_missing="raise", hidden_states_dtype=draft.dtype)
     if len(ds) == 0:
-        raise DraftlabError(f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code).")
+        raise DraftlabError(
+            f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code)."
+        )
     manifest.verify_files(folder)  # before speculators reads a cut or altered file deep in its loader
     shortest = min(ds.approx_lengths)
     if shortest > pack_len:
         raise DraftlabError(
-            f"pack_len={pack_len} is shorter than every sample in {folder} (shortest {shortest} tokens): each pack would be one "
+            f"pack_len={pack_len} is shorter than every sample in {folder} "
+            f"(shortest {shortest} tokens): each pack would be one "
             f"truncated row. Raise pack_len to at least {shortest}, or re-run stage 01 with max_length <= {pack_len}."
         )
     return ds
@@ -60,7 +76,9 @@ class Packs:
 
         self.ds, self.seed = ds, seed
         self.length, self.why = checks.pack_length(pack_len, draft.kind, draft.attention)
-        self.sampler = MultipackDistributedBatchSamplerV2(self.length, ds.approx_lengths, num_replicas=1, rank=0, seed=seed)
+        self.sampler = MultipackDistributedBatchSamplerV2(
+            self.length, ds.approx_lengths, num_replicas=1, rank=0, seed=seed
+        )
         preprocess = None
         if draft.kind == "eagle3":
             from speculators.models.eagle3.data import shift_batch as preprocess
@@ -101,8 +119,14 @@ class Packs:
         # The steps themselves are the dataset and `at` the collate, run in the workers. Its own
         # generator: starting workers would otherwise draw from the global RNG, and shift DFlash's
         # random anchors away from those of an in-process run.
-        yield from DataLoader(range(start, end), batch_size=None, collate_fn=self.at, num_workers=workers, prefetch_factor=4,
-                              generator=torch.Generator().manual_seed(self.seed))
+        yield from DataLoader(
+            range(start, end),
+            batch_size=None,
+            collate_fn=self.at,
+            num_workers=workers,
+            prefetch_factor=4,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def all(self, limit: int | None = None):
         """Every pack of epoch 0 (a fixed order, so evaluations are comparable), at most `limit`."""
@@ -110,7 +134,9 @@ class Packs:
             yield self.batch(indices)
 
 
-def loader_workers(requested: int | None, device: str, cpus: int | None = None, shm_free: int | None = None) -> tuple[int, str]:
+def loader_workers(
+    requested: int | None, device: str, cpus: int | None = None, shm_free: int | None = None
+) -> tuple[int, str]:
     """How many processes read packs ahead of training, and why.
 
     Reading a pack (Arrow rows to tensors, then speculators' collate) is Python-bound: on the H200
@@ -129,8 +155,10 @@ def loader_workers(requested: int | None, device: str, cpus: int | None = None, 
     if shm_free is None:
         shm_free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
     if shm_free < 2 << 30:
-        return 0, (f"CUDA, but /dev/shm has {shm_free >> 20} MiB free and worker processes pass packs through it: read in "
-                   f"process (give the container more shared memory, e.g. docker --shm-size=8g, to read ahead)")
+        return 0, (
+            f"CUDA, but /dev/shm has {shm_free >> 20} MiB free and worker processes pass packs through it: read in "
+            f"process (give the container more shared memory, e.g. docker --shm-size=8g, to read ahead)"
+        )
     n = min(4, cpus // 4)
     return n, f"CUDA: {n} processes read and collate packs while the GPU trains ({cpus} CPUs here)"
 

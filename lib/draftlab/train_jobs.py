@@ -42,19 +42,24 @@ def side_by_side(device: str, runs: int, cpus: int | None = None, requested: boo
         return False, "CPU: the cores are the trainer's, so the runs go one after the other in this process"
     if cpus < 4 * runs:
         return False, f"CUDA, but {cpus} CPUs: each run needs its own trainer and pack readers, so one after the other"
-    return True, (f"CUDA, {cpus} CPUs: {runs} processes share the GPU; a step of a draft this size leaves it mostly idle, "
-                  "and each run's first step (torch.compile) is CPU work that overlaps the other's")
+    return True, (
+        f"CUDA, {cpus} CPUs: {runs} processes share the GPU; a step of a draft this size leaves it mostly idle, "
+        "and each run's first step (torch.compile) is CPU work that overlaps the other's"
+    )
 
 
-def train_drafts(drafts: dict, data: Path, settings: tr.Settings, *, side: bool | None = None,
-                 progress: bool = True) -> tuple[dict[str, Path], dict[str, float], dict[str, dict]]:
+def train_drafts(
+    drafts: dict, data: Path, settings: tr.Settings, *, side: bool | None = None, progress: bool = True
+) -> tuple[dict[str, Path], dict[str, float], dict[str, dict]]:
     """Train every draft on `data` (run folders as `train.train` makes them); returns run folders,
     each run's seconds, and `train.check_reload` of each final checkpoint against the trained draft.
     `side` forces the choice `side_by_side` would make."""
     data = Path(data)
     named = {k: d.kind for k, d in drafts.items() if k != d.kind}
     if named:
-        raise DraftlabError(f"drafts are keyed by kind, each run in data/drafts/<kind>; got {named} (key: kind). One draft per kind.")
+        raise DraftlabError(
+            f"drafts are keyed by kind, each run in data/drafts/<kind>; got {named} (key: kind). One draft per kind."
+        )
     device = str(next(iter(drafts.values())).device)
     on, why = side_by_side(device, len(drafts), requested=side)
     for d in drafts.values():
@@ -77,7 +82,12 @@ def _train_and_check(d, data: Path, settings: tr.Settings, progress: bool) -> tu
 def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: bool):
     from draftlab.progress import progress_bar
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    }
     jobs, bars = {}, {}
     try:
         for kind, d in drafts.items():
@@ -105,11 +115,28 @@ def _start(kind: str, d, data: Path, settings: tr.Settings, env: dict):
     job = data / "drafts" / kind / "job"
     shutil.rmtree(job, ignore_errors=True)
     job.mkdir(parents=True)
-    torch.save({"kind": kind, "verifier": str(d.verifier.path), "device": str(d.device), "dtype": str(d.dtype).removeprefix("torch."),
-                "build": d.build_args, "settings": asdict(settings), "data": str(data), "threads": torch.get_num_threads(),
-                "state": {k: t.detach().cpu() for k, t in d.model.state_dict().items()}}, job / "job.pt")
+    torch.save(
+        {
+            "kind": kind,
+            "verifier": str(d.verifier.path),
+            "device": str(d.device),
+            "dtype": str(d.dtype).removeprefix("torch."),
+            "build": d.build_args,
+            "settings": asdict(settings),
+            "data": str(data),
+            "threads": torch.get_num_threads(),
+            "state": {k: t.detach().cpu() for k, t in d.model.state_dict().items()},
+        },
+        job / "job.pt",
+    )
     log = open(job / "log.txt", "w")
-    return subprocess.Popen([sys.executable, "-m", "draftlab.train_jobs", str(job)], stdout=log, stderr=subprocess.STDOUT, env=env), job, log
+    return (
+        subprocess.Popen(
+            [sys.executable, "-m", "draftlab.train_jobs", str(job)], stdout=log, stderr=subprocess.STDOUT, env=env
+        ),
+        job,
+        log,
+    )
 
 
 def _show(bars: dict, jobs: dict) -> None:
@@ -125,12 +152,18 @@ def _collect(drafts: dict, jobs: dict):
 
     runs, seconds, reloads, failed = {}, {}, {}, []
     for kind, (p, job, _) in jobs.items():
-        result = json.loads((job / "result.json").read_text()) if (job / "result.json").exists() else {"error": f"exit status {p.returncode}, no result"}
+        result = (
+            json.loads((job / "result.json").read_text())
+            if (job / "result.json").exists()
+            else {"error": f"exit status {p.returncode}, no result"}
+        )
         if "error" in result:
             failed.append(f"{kind}: {result['error']} (log: {job / 'log.txt'})")
             continue
         d, run = drafts[kind], Path(result["run"])
-        final = load_model(run / "final", type(d.model), d.attention, d.device, d.dtype)  # checked equal to the trained draft
+        final = load_model(
+            run / "final", type(d.model), d.attention, d.device, d.dtype
+        )  # checked equal to the trained draft
         d.model.load_state_dict(final.state_dict())
         (job / "job.pt").unlink()  # a failed job keeps it, to re-run
         d.choices.update({what: tuple(cw) for what, cw in result["choices"].items() if what != "training"})
@@ -152,7 +185,12 @@ def _job(job: Path) -> None:
         d = build_draft(spec["kind"], v, **spec["build"])
         d.model.load_state_dict(spec["state"])
         run, seconds, reload = _train_and_check(d, Path(spec["data"]), tr.Settings(**spec["settings"]), progress=False)
-        result = {"run": str(run), "seconds": seconds, "reload": reload, "choices": {k: [str(c), w] for k, (c, w) in d.choices.items()}}
+        result = {
+            "run": str(run),
+            "seconds": seconds,
+            "reload": reload,
+            "choices": {k: [str(c), w] for k, (c, w) in d.choices.items()},
+        }
     except Exception as e:  # noqa: BLE001  (reported to the notebook, which raises it)
         traceback.print_exc()
         result = {"error": str(e) if isinstance(e, DraftlabError) else f"{type(e).__name__}: {e}"}

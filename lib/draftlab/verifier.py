@@ -28,8 +28,15 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 # Heads of encoder models (BERT-style): no next-token logits, so never a verifier.
-ENCODER_SUFFIXES = ("ForMaskedLM", "ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
-                    "ForMultipleChoice", "ForPreTraining", "ForNextSentencePrediction")
+ENCODER_SUFFIXES = (
+    "ForMaskedLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+    "ForPreTraining",
+    "ForNextSentencePrediction",
+)
 # Prefixes under which wrapper checkpoints store the text model, and what they become.
 WRAPPER_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""), ("text_model.", ""))
 
@@ -111,12 +118,16 @@ def resolve_verifier(spec: str | Path | None) -> Path:
         )
     empty = [f.name for f in weights if f.stat().st_size < 8]  # a safetensors file starts with an 8-byte header length
     if empty:
-        raise DraftlabError(f"verifier directory {path}: weight file(s) {empty} are empty or cut short; copy them again "
-                            "from the source checkpoint.")
+        raise DraftlabError(
+            f"verifier directory {path}: weight file(s) {empty} are empty or cut short; copy them again "
+            "from the source checkpoint."
+        )
     archs = json.loads((path / "config.json").read_text()).get("architectures") or []
     if archs and all(a.endswith(ENCODER_SUFFIXES) for a in archs):
-        raise DraftlabError(f"verifier {path} is a {archs} checkpoint: draftlab needs a decoder-only causal LM (an "
-                            "architecture such as LlamaForCausalLM), whose next-token logits a draft can learn.")
+        raise DraftlabError(
+            f"verifier {path} is a {archs} checkpoint: draftlab needs a decoder-only causal LM (an "
+            "architecture such as LlamaForCausalLM), whose next-token logits a draft can learn."
+        )
     return path
 
 
@@ -212,7 +223,7 @@ def _unwrap_state_dict(path: Path, expected: set[str]) -> dict[str, torch.Tensor
         for key, t in load_file(f).items():
             for old, new in WRAPPER_PREFIXES:
                 if key.startswith(old):
-                    key = new + key[len(old):]
+                    key = new + key[len(old) :]
                     break
             if key in expected:
                 out[key] = t
@@ -269,7 +280,9 @@ def _refuse_missing(path: Path, missing) -> None:
             "need the verifier's output projection: pass a *ForCausalLM checkpoint with lm_head."
         )
     if missing:
-        raise DraftlabError(f"verifier {path}: {len(missing)} weights missing from the checkpoint (e.g. {missing[:3]}).")
+        raise DraftlabError(
+            f"verifier {path}: {len(missing)} weights missing from the checkpoint (e.g. {missing[:3]})."
+        )
 
 
 def load_verifier(spec: str | Path | None = EMBEDDED, device: str = "auto", dtype: str = "auto") -> Verifier:
@@ -297,6 +310,15 @@ def load_verifier(spec: str | Path | None = EMBEDDED, device: str = "auto", dtyp
     tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token  # batched generation and extraction need a pad id
-    return Verifier(path=path, model=model, tokenizer=tok, config=cfg, embed=model.get_input_embeddings(),
-                    layers=_find_layers(model, cfg.num_hidden_layers), norm=_find_norm(model), lm_head=lm_head,
-                    nested=nested, fingerprint=fingerprint(path))
+    return Verifier(
+        path=path,
+        model=model,
+        tokenizer=tok,
+        config=cfg,
+        embed=model.get_input_embeddings(),
+        layers=_find_layers(model, cfg.num_hidden_layers),
+        norm=_find_norm(model),
+        lm_head=lm_head,
+        nested=nested,
+        fingerprint=fingerprint(path),
+    )

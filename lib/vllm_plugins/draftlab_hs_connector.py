@@ -36,7 +36,9 @@ class DraftlabCPUHiddenStatesConnector(ExampleHiddenStatesConnector):
         if not self._is_tp_rank_zero:
             return
         blocks = torch.tensor(pending.block_ids, dtype=torch.long)
-        slots = (torch.arange(self._block_size, dtype=torch.long)[None, :] + blocks[:, None] * self._block_size).flatten()
+        slots = (
+            torch.arange(self._block_size, dtype=torch.long)[None, :] + blocks[:, None] * self._block_size
+        ).flatten()
         states = extract_from_kv_cache(self._kv_cache, slots, pending.token_ids.shape[0]).clone()
         tensors = {"hidden_states": states, "token_ids": pending.token_ids.clone()}
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)

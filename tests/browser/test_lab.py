@@ -38,11 +38,28 @@ def lab(tmp_path_factory):
     shutil.copy(ROOT / "notebooks" / "02_attention_masks.ipynb", work)
     port, token = _free_port(), "draftlab-test"
     # Fresh lab settings and workspaces each time, as on a new CI machine: no state from earlier runs.
-    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(work / "ws")}
+    env = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(work / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(work / "ws"),
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--ServerApp.open_browser=False", "--allow-root"],
-        stdout=subprocess.DEVNULL, stderr=open(work / "lab.log", "w"), env=env,
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={work}",
+            "--ServerApp.open_browser=False",
+            "--allow-root",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(work / "lab.log", "w"),
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     for _ in range(120):
@@ -71,9 +88,19 @@ def test_notebook_02_runs_and_a_slider_redraws_the_heatmap(lab):
     shots = ROOT / "outputs" / "browser"
     shots.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1500, "height": 1000})
         try:
             _drive(page, lab, shots)
@@ -98,15 +125,20 @@ def _drive(page, lab: str, shots: Path) -> None:
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
         try:
             page.wait_for_function(
-                "() => [...document.querySelectorAll('.jp-InputArea-prompt')].some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))",
-                timeout=30_000)
+                "() => [...document.querySelectorAll('.jp-InputArea-prompt')].some(p "
+                "=> /\\[(\\*|\\d+)\\]/.test(p.textContent))",
+                timeout=30_000,
+            )
             break
         except Exception:  # noqa: BLE001 (not started yet: ask again)
             continue
     slider = page.locator(".widget-slider", has_text="TTT step")
     slider.wait_for(timeout=240_000)
     page.wait_for_function("document.querySelectorAll('.widget-output img').length >= 2", timeout=120_000)
-    assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Error").count() == 0
+    assert (
+        page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Error").count()
+        == 0
+    )
     before = _explorer_image(page)
     slider.scroll_into_view_if_needed()
     page.screenshot(path=str(shots / "02_before.png"))
@@ -115,7 +147,9 @@ def _drive(page, lab: str, shots: Path) -> None:
     page.keyboard.press("ArrowLeft")  # TTT step 2 -> 1
     page.wait_for_function(
         "(before) => { const i = document.querySelector('.widget-output img'); return i && i.src !== before; }",
-        arg=before, timeout=60_000)
+        arg=before,
+        timeout=60_000,
+    )
     assert slider.locator(".widget-readout").inner_text().strip() == "1"
     after = _explorer_image(page)
     assert after and after != before, "the heatmap did not change when the slider moved"
