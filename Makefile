@@ -9,7 +9,7 @@ PROFILE ?= default
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(if $(VLLM_VENV),$(VLLM_VENV)/.draftlab-vllm-installed)
 
-.PHONY: run test pytest notebooks browser lab bench clean-outputs vllm-env
+.PHONY: run test lint pytest notebooks browser lab bench clean-outputs vllm-env
 
 vllm-env: $(VLLM_STAMP)
 
@@ -44,8 +44,12 @@ $(VLLM_VENV)/.draftlab-vllm-installed:
 run: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/draftlab run --profile $(PROFILE)
 
-# Unit tests, then every notebook under `ci`, then the browser test (it opens 02 on the ci data).
-test: pytest notebooks browser
+# ruff (lint, then format check), unit tests, then every notebook under `ci`, then the browser test
+# (it opens 02 on the ci data).
+test: lint pytest notebooks browser
+
+lint: $(STAMP)
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
 
 pytest: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -m "not browser"
