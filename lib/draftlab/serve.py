@@ -84,8 +84,8 @@ def server_env() -> dict:
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on CPU; vLLM's default takes 4
     if len(os.sched_getaffinity(0)) <= 2:
-        # vLLM CPU keeps one core for its API server by default, which on two cores halves the engine: both
-        # cores give 1.7x the generation tokens/s here (BENCHMARKS.md, "The default profile within 15 minutes").
+        # vLLM CPU keeps one core for its API server by default, which on two cores halves the engine
+        # (measured: BENCHMARKS.md, "The default profile within 15 minutes").
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     return env
 

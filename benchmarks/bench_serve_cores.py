@@ -1,0 +1,68 @@
+"""vLLM CPU with one core reserved for its API server (vLLM's default) and with none (draftlab's on two cores),
+side by side in one run: bf16 generation tokens/s through one server, and notebook 05's served section
+(`served.measure`: the verifier alone and with each draft, started together) on the bench prompts.
+    python benchmarks/bench_serve_cores.py --dataset smollm2-default --gen-prompts 96 --prompts 8 --max-new-tokens 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from draftlab import config, served
+from draftlab.accept_eval import load_spec_prompts
+from draftlab.launch import trained_draft
+from draftlab.serve import Server
+from draftlab.verifier import load_verifier
+
+KEY = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
+
+def generation(v, texts: list[str], max_tokens: int, log: Path) -> dict:
+    with Server(v.path, None, dtype="bfloat16", log_path=log) as s:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(texts)) as pool:
+            outs = list(pool.map(lambda t: s.chat(t, max_tokens), texts))
+        wall = time.perf_counter() - t0
+        n = sum(len(o["token_ids"]) for o in outs)
+        return {"start-up s": s.startup_s, "tokens": n, "s": wall, "tok/s": n / wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default="smollm2-default")
+    ap.add_argument("--gen-prompts", type=int, default=96, help="train prompts answered at once for tokens/s")
+    ap.add_argument("--gen-tokens", type=int, default=96)
+    ap.add_argument("--prompts", type=int, default=8, help="bench prompts for the served section")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--reserved", nargs="+", default=["1", "0"], help=f"values of {KEY} to compare")
+    args = ap.parse_args()
+    v = load_verifier("smollm2", device="cpu", dtype="float32")
+    run_dir = config.data_dir() / "runs" / args.dataset
+    lines = (run_dir / "prompts.jsonl").read_text().splitlines()
+    texts = [json.loads(line)["text"] for line in lines][: args.gen_prompts]
+    prompts = load_spec_prompts(run_dir, v.tokenizer, "bench", args.prompts)
+    drafts = {k: p for k in ("eagle3", "dflash") if (p := trained_draft(run_dir / "drafts" / k)) is not None}
+    logs = Path(tempfile.mkdtemp(prefix="bench-serve-cores-"))
+    print(f"logs under {logs}; {len(texts)} prompts x {args.gen_tokens} tokens (bf16); {len(prompts)} bench prompts")
+    print("| reserved cores | gen start-up s | gen tok/s | served section s | workloads s (alone, drafts) | vLLM tau |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in args.reserved:
+        os.environ[KEY] = r  # server_env keeps a value set by the user
+        g = generation(v, texts, args.gen_tokens, logs / f"gen-{r}.log")
+        t0 = time.perf_counter()
+        got = served.measure(v, drafts, prompts, 5, args.max_new_tokens, logs / f"served-{r}")
+        total = time.perf_counter() - t0
+        runs = got.get("runs", {})
+        walls = " / ".join(f"{x['wall_s']:.1f}" for x in runs.values() if "wall_s" in x)
+        taus = ", ".join(f"{k} {x['tau']:.3f}" for k, x in runs.items() if "tau" in x)
+        print(f"| {r} | {g['start-up s']:.1f} | {g['tok/s']:.1f} | {total:.1f} | {walls} | {taus} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
