@@ -11,7 +11,6 @@ import json
 import os
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from draftlab import config, served
@@ -25,12 +24,7 @@ KEY = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
 def generation(v, texts: list[str], max_tokens: int, log: Path) -> dict:
     with Server(v.path, None, dtype="bfloat16", log_path=log) as s:
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(texts)) as pool:
-            outs = list(pool.map(lambda t: s.chat(t, max_tokens), texts))
-        wall = time.perf_counter() - t0
-        n = sum(len(o["token_ids"]) for o in outs)
-        return {"start-up s": s.startup_s, "tokens": n, "s": wall, "tok/s": n / wall}
+        return served.workload(s, [{"text": t} for t in texts], max_tokens)
 
 
 def main() -> None:
@@ -61,7 +55,7 @@ def main() -> None:
         runs = got.get("runs", {})
         walls = " / ".join(f"{x['wall_s']:.1f}" for x in runs.values() if "wall_s" in x)
         taus = ", ".join(f"{k} {x['tau']:.3f}" for k, x in runs.items() if "tau" in x)
-        print(f"| {r} | {g['start-up s']:.1f} | {g['tok/s']:.1f} | {total:.1f} | {walls} | {taus} |", flush=True)
+        print(f"| {r} | {g['startup_s']:.1f} | {g['tokens_per_s']:.1f} | {total:.1f} | {walls} | {taus} |", flush=True)
 
 
 if __name__ == "__main__":
