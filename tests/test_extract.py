@@ -158,3 +158,18 @@ def test_a_layer_output_that_is_no_hidden_state_is_refused_naming_it(tiny):
             hidden_states(tiny, [[5, 6, 7]], [2, 4])
     finally:
         handle.remove()
+
+
+def test_atomic_writes_from_many_writers_at_once_never_collide(tmp_path):
+    """Two training processes verify one split together: each rewrites `.verified.json` (a fixed
+    temporary name made one's rename find the other's file gone, CI stop 25)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from draftlab.manifest import write_atomic
+
+    target = tmp_path / ".verified.json"
+    payloads = [json.dumps({"writer": i, "pad": "x" * 20000}) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda p: [write_atomic(target, p) for _ in range(40)], payloads))
+    assert target.read_text() in payloads  # whole, one writer's text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".verified.json"]  # no temporary left behind

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -22,16 +23,27 @@ NAME = "manifest.json"
 IDENTITY = ("verifier_fingerprint", "layer_ids", "dtype", "hidden_size")
 
 
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """`data` at `path`, all or nothing: written under a name no other writer uses (two training
+    processes verify one split at once), then renamed over `path`."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def read(folder: Path) -> dict | None:
     path = Path(folder) / NAME
     return json.loads(path.read_text()) if path.exists() else None
 
 
 def write(folder: Path, manifest: dict) -> None:
-    path = Path(folder) / NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_atomic(Path(folder) / NAME, json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def check_identity(folder: Path, expected: dict) -> dict | None:
@@ -56,9 +68,7 @@ def ids_digest(ids) -> str:
 def write_sample(path: Path, token_ids, hs: torch.Tensor) -> dict:
     """One sample file in speculators' layout, written under a temporary name and renamed."""
     blob = st_save({"token_ids": torch.as_tensor(token_ids, dtype=torch.long), "hidden_states": hs.contiguous().cpu()})
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(blob)
-    os.replace(tmp, path)  # atomic: a file at its final name is always complete
+    write_atomic(path, blob)  # a file at its final name is always complete
     return {
         "sha256": hashlib.sha256(blob).hexdigest(),
         "tokens": len(token_ids),
@@ -98,9 +108,7 @@ def verify_files(folder: Path) -> None:
             bad.append((f, "its bytes differ from the manifest's sha256 (altered after extraction)"))
             continue
         cache[key] = entry["sha256"]
-    tmp = cache_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache))
-    os.replace(tmp, cache_path)
+    write_atomic(cache_path, json.dumps(cache))
     if bad:
         raise DraftlabError(
             f"{folder}: {len(bad)} hidden-state file(s) do not match "

@@ -27,6 +27,7 @@ from draftlab import DraftlabError
 
 # The answers moved to draftlab.generate (issue 17); these names stay importable from here.
 from draftlab.generate import _chat_ids, generate_responses, length_batches, sample_responses  # noqa: F401
+from draftlab.manifest import write_atomic
 
 CODE_TEMPLATE = "Complete the following Python function.\n\n```python\n{prompt}```"
 
@@ -206,7 +207,5 @@ def write_prompt_set(prompts: list[Prompt], path: Path) -> Path:
     """Every prompt with its split, bench included (stage 05 reads its prompts from here)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(asdict(p)) + "\n" for p in prompts))
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(asdict(p)) + "\n" for p in prompts))
     return path

@@ -12,7 +12,6 @@ import functools
 import hashlib
 import importlib.util
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from torch import nn
 
 from draftlab import DraftlabError, gqa
 from draftlab.config import data_dir, pick_device, pick_dtype
+from draftlab.manifest import write_atomic
 
 EMBEDDED = "smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -155,9 +155,7 @@ def file_digest(f: Path, cache: Path | None = None) -> str:
                 digest.update(block)
         known[key] = digest.hexdigest()
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=0))
-        os.replace(tmp, cache)
+        write_atomic(cache, json.dumps(known, indent=0))
     return known[key]
 
 
