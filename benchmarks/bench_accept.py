@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from draftlab import config
-from draftlab.accept_eval import hardware, load_spec_prompts, run_prompts, summarize
-from draftlab.launch import trained_draft
-from draftlab.proposers import NGramProposer, load_draft, make_proposer
-from draftlab.verifier import load_verifier
+from draftlab.acceptance.evaluate import hardware, load_spec_prompts, run_prompts, summarize
+from draftlab.acceptance.proposers import NGramProposer, load_draft, make_proposer
+from draftlab.data.verifier import load_verifier
+from draftlab.training.launch import trained_draft
 
 
 def main():

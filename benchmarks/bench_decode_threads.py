@@ -11,10 +11,10 @@ import time
 import torch
 
 from draftlab import config
-from draftlab.accept_eval import hardware, load_spec_prompts, run_all, verifier_greedy
-from draftlab.launch import trained_draft
-from draftlab.proposers import NGramProposer, load_draft, make_proposer
-from draftlab.verifier import load_verifier
+from draftlab.acceptance.evaluate import hardware, load_spec_prompts, run_all, verifier_greedy
+from draftlab.acceptance.proposers import NGramProposer, load_draft, make_proposer
+from draftlab.data.verifier import load_verifier
+from draftlab.training.launch import trained_draft
 
 
 def main() -> None:

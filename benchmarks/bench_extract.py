@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from draftlab.dataset import save_split
-from draftlab.extract import default_layer_ids, extract
-from draftlab.verifier import load_verifier
+from draftlab.data.dataset import save_split
+from draftlab.data.extract import default_layer_ids, extract
+from draftlab.data.verifier import load_verifier
 
 
 def sync(device):

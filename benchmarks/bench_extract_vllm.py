@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from datasets import load_from_disk
 
-from draftlab import extract_vllm
 from draftlab.config import repo_root
-from draftlab.extract import default_layer_ids, extract
-from draftlab.serve import vllm_version
-from draftlab.verifier import load_verifier
+from draftlab.data import extract_vllm
+from draftlab.data.extract import default_layer_ids, extract
+from draftlab.data.verifier import load_verifier
+from draftlab.serving.server import vllm_version
 
 
 def main():

@@ -69,8 +69,8 @@ def main() -> None:
         return compare_engines(args)
     args.batch = args.batch or [60, 120]
 
-    from draftlab import prompts
-    from draftlab.verifier import load_verifier
+    from draftlab.data import prompts
+    from draftlab.data.verifier import load_verifier
 
     v = load_verifier("smollm2", device=args.device)
     tok = v.tokenizer
@@ -118,9 +118,10 @@ def main() -> None:
 
 
 def compare_engines(args) -> None:
-    from draftlab import config, prompts
-    from draftlab.generate import Engine, generate_responses
-    from draftlab.verifier import load_verifier
+    from draftlab import config
+    from draftlab.data import prompts
+    from draftlab.data.generate import Engine, generate_responses
+    from draftlab.data.verifier import load_verifier
 
     prof = config.load_profile(args.profile)
     v = load_verifier(prof["verifier"], device=args.device, dtype="float32")
@@ -167,7 +168,7 @@ def compare_engines(args) -> None:
 def on_policy(v, ps, answers: dict[str, str]) -> float:
     """Share of the answers' tokens (as stage 01 tokenises them for training, the template's end of turn left out) that are
     the verifier's argmax in context, teacher-forced."""  # noqa: E501
-    from draftlab.dataset import tokenize_conversation
+    from draftlab.data.dataset import tokenize_conversation
 
     hit = total = 0
     for p in ps:

@@ -21,8 +21,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from torch.nn.attention.flex_attention import create_block_mask  # noqa: E402
 
-from draftlab import masks, plots  # noqa: E402
-from draftlab.explore import document_lengths  # noqa: E402
+from draftlab import plots
+from draftlab.masks import families as masks  # noqa: E402
+from draftlab.masks.explore import document_lengths  # noqa: E402
 
 
 def timed(fn, device, repeats: int, warmup: int = 2) -> float:

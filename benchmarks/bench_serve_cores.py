@@ -13,11 +13,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftlab import config, served
-from draftlab.accept_eval import load_spec_prompts
-from draftlab.launch import trained_draft
-from draftlab.serve import Server
-from draftlab.verifier import load_verifier
+from draftlab import config
+from draftlab.acceptance.evaluate import load_spec_prompts
+from draftlab.data.verifier import load_verifier
+from draftlab.serving import served
+from draftlab.serving.server import Server
+from draftlab.training.launch import trained_draft
 
 KEY = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 

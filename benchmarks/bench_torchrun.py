@@ -30,8 +30,10 @@ from pathlib import Path
 def setup(args):
     import torch
 
-    from draftlab import config, draft, train
-    from draftlab.verifier import load_verifier
+    from draftlab import config
+    from draftlab.data.verifier import load_verifier
+    from draftlab.drafts import draft
+    from draftlab.training import train
 
     p = config.load_profile(args.profile)
     data = config.data_dir() / "runs" / p["dataset_name"]
@@ -63,7 +65,7 @@ def setup(args):
 
 
 def accuracies(records_or_eval) -> dict:
-    from draftlab import train
+    from draftlab.training import train
 
     return {k: round(a, 4) for k, a in train.position_accuracies("eagle3", records_or_eval).items()}
 
@@ -71,7 +73,7 @@ def accuracies(records_or_eval) -> dict:
 def run_draftlab(args) -> dict:
     import torch
 
-    from draftlab import launch, train
+    from draftlab.training import launch, train
 
     data, v, d, s = setup(args)
     cmd = launch.torchrun_command(d, data, s, nproc=1, save_path=args.save_path)
@@ -137,7 +139,7 @@ def median(values, digits=None):
 
 def parse_log(args) -> dict:
     """speculators' console log (rich, one record a line with COLUMNS wide, each line timed by `stamp`)."""
-    from draftlab.launch import epochs_in, find_checkpoint
+    from draftlab.training.launch import epochs_in, find_checkpoint
 
     steps, vals, saves = [], [], 0
     for line in Path(args.log).read_text(errors="replace").splitlines():
@@ -180,9 +182,9 @@ def parse_log(args) -> dict:
 
 
 def run_eval(args) -> dict:
-    from draftlab import checkpoint as ckpt
-    from draftlab import launch, train
-    from draftlab.proposers import load_draft
+    from draftlab.acceptance.proposers import load_draft
+    from draftlab.training import checkpoint as ckpt
+    from draftlab.training import launch, train
 
     data, v, d, s = setup(args)
     spec = launch.find_checkpoint(args.save_path, "last")  # the same step count as draftlab's final/

@@ -47,8 +47,11 @@ def main() -> None:
 
     from loguru import logger
 
-    from draftlab import config, draft, train, vocab
-    from draftlab.verifier import load_verifier
+    from draftlab import config
+    from draftlab.data import vocab
+    from draftlab.data.verifier import load_verifier
+    from draftlab.drafts import draft
+    from draftlab.training import train
 
     logger.remove()
     data = config.data_dir() / "runs" / args.dataset

@@ -10,10 +10,10 @@ import argparse
 import json
 
 from draftlab import config
-from draftlab.accept_eval import offline_alpha
-from draftlab.launch import trained_draft
-from draftlab.proposers import load_draft
-from draftlab.verifier import load_verifier
+from draftlab.acceptance.evaluate import offline_alpha
+from draftlab.acceptance.proposers import load_draft
+from draftlab.data.verifier import load_verifier
+from draftlab.training.launch import trained_draft
 
 
 def main() -> None:

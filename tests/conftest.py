@@ -103,7 +103,7 @@ def nested_dir(tmp_path_factory, tiny_dir):
 
 @pytest.fixture(scope="session")
 def tiny(tiny_dir):
-    from draftlab.verifier import load_verifier
+    from draftlab.data.verifier import load_verifier
 
     return load_verifier(tiny_dir, device="cpu", dtype="float32")
 
@@ -136,7 +136,7 @@ def serve_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def serve_verifier(serve_dir):
-    from draftlab.verifier import load_verifier
+    from draftlab.data.verifier import load_verifier
 
     return load_verifier(serve_dir, device="cpu", dtype="float32")
 

@@ -194,7 +194,7 @@ def refusal(name: str, cell: str, err: Exception) -> str:
 
 
 def chat_prompts(v, texts: list[str]) -> list[dict]:
-    from draftlab.prompts import _chat_ids
+    from draftlab.data.prompts import _chat_ids
 
     return [{"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(texts)]
 
@@ -216,8 +216,8 @@ def extraction(v, run: Path) -> list[int]:
     """Stage 01: every layer id read right; then data/runs/<name>/{train,eval} as notebook 01 writes them, from the
     chat-template prompts and the verifier's own greedy answers (as token ids: a random model's byte tokens do not
     survive decoding to text and back)."""
-    from draftlab import dataset, extract, vocab
-    from draftlab.accept_eval import verifier_greedy
+    from draftlab.acceptance.evaluate import verifier_greedy
+    from draftlab.data import dataset, extract, vocab
 
     probe = chat_prompts(v, TRAIN_TEXTS[3:4])[0]["ids"]
     every = list(range(v.num_layers))
@@ -244,7 +244,7 @@ def extraction(v, run: Path) -> list[int]:
 def check_targets(d, run: Path) -> None:
     """The draft rebuilds the verifier's logits from the final slot (speculators' training targets): its frozen
     verifier_norm and verifier_lm_head compute what the verifier's norm and lm_head do, on the draft's vocabulary."""
-    from draftlab import extract
+    from draftlab.data import extract
 
     v, m = d.verifier, d.model
     last = extract.load_sample(run / "train", 0)["hidden_states"][:, -1].to(v.device, v.dtype)
@@ -258,7 +258,7 @@ def check_targets(d, run: Path) -> None:
 
 def drafts(v, run: Path) -> dict:
     """Stage 03: EAGLE-3 and DFlash built through speculators and draftlab's checks, for this verifier's data."""
-    from draftlab.draft import build_dflash, build_eagle3
+    from draftlab.drafts.draft import build_dflash, build_eagle3
 
     torch.manual_seed(0)
     out = {
@@ -274,7 +274,7 @@ def training(built: dict, run: Path) -> dict[str, Path]:
     """Stage 04: two optimizer steps each (finite loss, weights moved), then final/ reloaded with identical outputs."""
     import math
 
-    from draftlab.train import Settings, check_reload, read_metrics, train
+    from draftlab.training.train import Settings, check_reload, read_metrics, train
 
     s = Settings(
         steps=2, learning_rate=1e-3, warmup_steps=1, pack_len=128, eval_every=2, checkpoint_every=2, n_anchors=8
@@ -295,8 +295,8 @@ def training(built: dict, run: Path) -> dict[str, Path]:
 
 def loop(v, finals: dict[str, Path]) -> dict:
     """Stage 05: each reloaded draft in draftlab's speculative loop gives the verifier's own greedy `generate`."""
-    from draftlab.accept_eval import run_prompts, summarize, verifier_greedy
-    from draftlab.proposers import load_draft, make_proposer
+    from draftlab.acceptance.evaluate import run_prompts, summarize, verifier_greedy
+    from draftlab.acceptance.proposers import load_draft, make_proposer
 
     prompts = chat_prompts(v, EVAL_TEXTS)
     refs = [verifier_greedy(v, p["ids"], N_NEW) for p in prompts]
@@ -313,12 +313,12 @@ def served(v, run: Path) -> str:
     """vLLM serving the verifier with an EAGLE-3 draft trained on its own answers (so that drafts are accepted):
     the verifier's greedy text, the checkpoint's aux layers, and a tau within served.GAP_WARN of draftlab's loop
     on the same prompts and k. A family vLLM cannot serve raises DraftlabError with vLLM's root cause."""
-    from draftlab import served as sv
-    from draftlab.accept_eval import run_prompts, summarize, verifier_greedy
-    from draftlab.draft import build_eagle3
-    from draftlab.proposers import load_draft, make_proposer
-    from draftlab.serve import Server
-    from draftlab.train import Settings, train
+    from draftlab.acceptance.evaluate import run_prompts, summarize, verifier_greedy
+    from draftlab.acceptance.proposers import load_draft, make_proposer
+    from draftlab.drafts.draft import build_eagle3
+    from draftlab.serving import served as sv
+    from draftlab.serving.server import Server
+    from draftlab.training.train import Settings, train
 
     torch.manual_seed(0)
     s = Settings(steps=60, learning_rate=3e-3, warmup_steps=5, pack_len=128, eval_every=60, checkpoint_every=60)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftlab import DraftlabError, accept
-from draftlab.proposers import Eagle3Proposer, NGramProposer, Proposal, load_draft
+from draftlab import DraftlabError
+from draftlab.acceptance import speculative as accept
+from draftlab.acceptance.proposers import Eagle3Proposer, NGramProposer, Proposal, load_draft
 
 PROMPTS = ["hello how are you today", "def add(a, b): return a + b", "the quick brown fox jumps", "for i in range(10):"]
 N_NEW = 24
@@ -40,7 +41,7 @@ def _generate(v, prompt, n):
 
 def _train_briefly(d, v, steps=60, seed=0):
     """A few quick EAGLE-3 steps on the tiny verifier's own greedy text, for non-trivial acceptance."""
-    from draftlab.extract import hidden_states
+    from draftlab.data.extract import hidden_states
 
     torch.manual_seed(seed)
     tok = v.tokenizer
@@ -69,7 +70,7 @@ def _train_briefly(d, v, steps=60, seed=0):
 
 @pytest.fixture(scope="module")
 def eagle_path(tiny, tmp_path_factory):
-    from draftlab.draft import build_eagle3
+    from draftlab.drafts.draft import build_eagle3
 
     d = _train_briefly(build_eagle3(tiny, None), tiny)
     path = tmp_path_factory.mktemp("eagle3") / "final"
@@ -105,7 +106,7 @@ def test_greedy_with_eagle3_is_the_verifiers_greedy_output_and_accepts(tiny, eag
 def test_eagle3_proposals_match_speculators_teacher_forced_forward(tiny, eagle):
     """The proposer's cached chain equals speculators' own forward: step 0 everywhere, step 1 where
     the first draft was right (then the TTT step's teacher-forced token is the drafted one)."""
-    from draftlab.extract import hidden_states
+    from draftlab.data.extract import hidden_states
 
     ids = tiny.tokenizer(PROMPTS[0])["input_ids"]
     prop = Eagle3Proposer(eagle.model, tiny.vocab_size)
@@ -216,8 +217,8 @@ def test_load_draft_refuses_a_folder_without_a_checkpoint(tiny, tmp_path):
 @pytest.mark.parametrize("k", [2, 7])
 def test_greedy_with_dflash_is_the_verifiers_greedy_output(tiny, tmp_path, k):
     """Untrained DFlash (block 4, so k=7 is capped at 3 per step): lossless, and reloaded via load_draft."""
-    from draftlab.draft import build_dflash
-    from draftlab.proposers import make_proposer
+    from draftlab.acceptance.proposers import make_proposer
+    from draftlab.drafts.draft import build_dflash
 
     build_dflash(tiny, None, block_size=4, num_layers=1).model.save_pretrained(tmp_path)
     d = load_draft(tmp_path, tiny)
@@ -232,9 +233,9 @@ def test_greedy_with_dflash_is_the_verifiers_greedy_output(tiny, tmp_path, k):
 
 def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path):
     """The proposer's block equals speculators' training backbone with one anchor at the same position."""
-    from draftlab.draft import build_dflash
-    from draftlab.extract import hidden_states
-    from draftlab.proposers import DFlashProposer
+    from draftlab.acceptance.proposers import DFlashProposer
+    from draftlab.data.extract import hidden_states
+    from draftlab.drafts.draft import build_dflash
 
     model = build_dflash(tiny, None, block_size=4, num_layers=1).model.eval()
     prompt = tiny.tokenizer(PROMPTS[2])["input_ids"]
@@ -261,7 +262,7 @@ def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path)
 
 
 def test_greedy_agreement_accepts_identical_output_and_refuses_a_clear_divergence(tiny):
-    from draftlab.accept_eval import greedy_agreement
+    from draftlab.acceptance.evaluate import greedy_agreement
 
     ids = tiny.tokenizer(PROMPTS[0])["input_ids"]
     ref = _greedy(tiny, ids)
@@ -276,10 +277,10 @@ def test_greedy_agreement_accepts_identical_output_and_refuses_a_clear_divergenc
 
 def test_bfloat16_verifier_and_draft_decode_losslessly(tiny, tiny_dir, eagle_path, tmp_path):
     """The GPU profile's dtype, on CPU: every proposer runs in bf16 and stays lossless (up to near-ties)."""
-    from draftlab.accept_eval import greedy_agreement
-    from draftlab.draft import build_dflash
-    from draftlab.proposers import make_proposer
-    from draftlab.verifier import load_verifier
+    from draftlab.acceptance.evaluate import greedy_agreement
+    from draftlab.acceptance.proposers import make_proposer
+    from draftlab.data.verifier import load_verifier
+    from draftlab.drafts.draft import build_dflash
 
     build_dflash(tiny, None, block_size=4, num_layers=1).model.save_pretrained(tmp_path)
     v16 = load_verifier(tiny_dir, device="cpu", dtype="bfloat16")

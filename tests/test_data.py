@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from draftlab import DraftlabError
-from draftlab.dataset import build_rows, save_split, tokenize_conversation
-from draftlab.prompts import (
+from draftlab.data.dataset import build_rows, save_split, tokenize_conversation
+from draftlab.data.prompts import (
     Prompt,
     generate_responses,
     length_batches,
@@ -16,7 +16,7 @@ from draftlab.prompts import (
     sharegpt_texts,
     write_prompt_set,
 )
-from draftlab.vocab import build_mapping, coverage_curve, heldout_coverage, token_frequencies
+from draftlab.data.vocab import build_mapping, coverage_curve, heldout_coverage, token_frequencies
 
 
 def test_prompt_split_is_fixed_by_text_and_never_overlaps():
@@ -74,7 +74,7 @@ def test_the_bundled_sharegpt_is_read_to_its_cut_tail_and_every_record_is_counte
 
 
 def test_stage_05_reads_each_split_from_the_prompt_set(tmp_path, tiny):
-    from draftlab.accept_eval import load_spec_prompts
+    from draftlab.acceptance.evaluate import load_spec_prompts
 
     ps = load_prompts(10, 10, 0.25, 30, 0.2)
     write_prompt_set(ps, tmp_path / "prompts.jsonl")
@@ -162,7 +162,7 @@ def test_generation_resumes_and_refuses_other_settings(tiny, tmp_path):
 
 
 def test_sampled_answers_add_train_rows_only_and_are_resumable(tiny, tmp_path):
-    from draftlab.prompts import sample_responses
+    from draftlab.data.prompts import sample_responses
 
     ps = load_prompts(5, 2, 0.3)
     train = [p for p in ps if p.split == "train"]

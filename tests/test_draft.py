@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from draftlab import DraftlabError
-from draftlab import draft_checks as checks
-from draftlab.attention import FLEX
-from draftlab.checkpoint import reload_check
-from draftlab.draft import build_dflash, build_draft, build_eagle3, verify
-from draftlab.draft_inspect import parameter_table
+from draftlab.drafts import checks
+from draftlab.drafts.attention import FLEX
+from draftlab.drafts.draft import build_dflash, build_draft, build_eagle3, verify
+from draftlab.drafts.inspection import parameter_table
+from draftlab.training.checkpoint import reload_check
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 KW = dict(device="cpu", dtype="float32")
@@ -38,7 +38,7 @@ def unknown_dir(tmp_path_factory, nested_dir):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory, tiny):
     """A stage-01 train folder made the way notebook 01 makes it: rows, hidden states, d2t/t2d."""
-    from draftlab import dataset, extract, vocab
+    from draftlab.data import dataset, extract, vocab
 
     from conftest import random_rows
 
@@ -256,7 +256,7 @@ def test_an_odd_pack_is_left_alone_under_sdpa(tiny, eagle, data_dir):
 
 def test_one_off_forwards_skip_torch_compile():
     """Notebook 03's walk-through and reload checks run once: on CUDA they must not pay a compile."""
-    from draftlab.draft_inspect import one_off
+    from draftlab.drafts.inspection import one_off
 
     graphs = []
 
@@ -290,8 +290,8 @@ def test_an_attention_setting_unset_after_build_is_refused_at_every_forward(tiny
 
 
 def test_a_bf16_saved_draft_loads_on_its_fp32_verifier_and_another_verifier_is_named(tiny, tmp_path):
-    from draftlab.proposers import load_draft
-    from draftlab.verifier import load_verifier
+    from draftlab.acceptance.proposers import load_draft
+    from draftlab.data.verifier import load_verifier
 
     from conftest import make_model, make_tokenizer
 

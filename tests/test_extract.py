@@ -9,9 +9,10 @@ import time
 import pytest
 import torch
 
-from draftlab import DraftlabError, manifest
-from draftlab.dataset import save_split
-from draftlab.extract import default_layer_ids, extract, hidden_states, load_sample, validate_layer_ids
+from draftlab import DraftlabError
+from draftlab.data import manifest
+from draftlab.data.dataset import save_split
+from draftlab.data.extract import default_layer_ids, extract, hidden_states, load_sample, validate_layer_ids
 
 from conftest import random_rows
 
@@ -83,8 +84,8 @@ def _assert_complete(folder, ds):
 KILL_SCRIPT = textwrap.dedent("""
     import sys
     from datasets import load_from_disk
-    from draftlab.verifier import load_verifier
-    from draftlab.extract import extract
+    from draftlab.data.verifier import load_verifier
+    from draftlab.data.extract import extract
     v = load_verifier(sys.argv[1], device="cpu", dtype="float32")
     ds = load_from_disk(sys.argv[2]); ds.set_format("torch")
     extract(v, ds, sys.argv[2], [2, 4, 5], batch_size=1, progress=False)
@@ -165,7 +166,7 @@ def test_atomic_writes_from_many_writers_at_once_never_collide(tmp_path):
     temporary name made one's rename find the other's file gone, CI stop 25)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from draftlab.manifest import write_atomic
+    from draftlab.data.manifest import write_atomic
 
     target = tmp_path / ".verified.json"
     payloads = [json.dumps({"writer": i, "pad": "x" * 20000}) for i in range(8)]

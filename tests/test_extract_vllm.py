@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from draftlab import DraftlabError, extract_vllm
-from draftlab.serve import group_members, unavailable, vllm_version
+from draftlab import DraftlabError
+from draftlab.data import extract_vllm
+from draftlab.serving.server import group_members, unavailable, vllm_version
 
 from conftest import random_rows
 
@@ -52,7 +53,7 @@ def test_the_check_names_a_slot_that_holds_another_layer(serve_dir, serve_verifi
     import torch
     from safetensors.torch import save_file
 
-    from draftlab.extract import hidden_states
+    from draftlab.data.extract import hidden_states
 
     v, rows = serve_verifier, random_rows(serve_verifier.vocab_size, [30, 12])["input_ids"]
     for name, ids in (("shifted", [i + 1 for i in LAYER_IDS]), ("first only", [LAYER_IDS[0]] * 3)):

@@ -63,8 +63,8 @@ def family_root(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family(name, home, family_root):
-    from draftlab.serve import unavailable
-    from draftlab.verifier import load_verifier
+    from draftlab.data.verifier import load_verifier
+    from draftlab.serving.server import unavailable
 
     from families import build_dir
 
@@ -147,7 +147,7 @@ def test_rms_norm_conventions_are_told_apart_and_a_layernorm_is_none():
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from draftlab.norms import norm_gain
+    from draftlab.drafts.norms import norm_gain
 
     for dtype in (torch.float32, torch.bfloat16):
         plain, gemma = LlamaRMSNorm(16).to(dtype), Gemma3RMSNorm(16).to(dtype)
@@ -163,9 +163,9 @@ def test_a_gemma_eagle3_draft_gets_the_gemma_norm_and_without_it_is_refused(home
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     from draftlab import DraftlabError
-    from draftlab.draft import build_eagle3, verify
-    from draftlab.proposers import load_draft
-    from draftlab.verifier import load_verifier
+    from draftlab.acceptance.proposers import load_draft
+    from draftlab.data.verifier import load_verifier
+    from draftlab.drafts.draft import build_eagle3, verify
 
     from families import build_dir
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from draftlab import DraftlabError, generate_vllm
-from draftlab.generate import Engine, generate_responses, sample_responses
-from draftlab.prompts import Prompt
-from draftlab.serve import group_members
+from draftlab import DraftlabError
+from draftlab.data import generate_vllm
+from draftlab.data.generate import Engine, generate_responses, sample_responses
+from draftlab.data.prompts import Prompt
+from draftlab.serving.server import group_members
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEXTS = [
@@ -176,7 +177,7 @@ def _working_auto(verifier, monkeypatch, real: str | None) -> Engine:
         monkeypatch.delenv("DRAFTLAB_VLLM")
     else:
         monkeypatch.setenv("DRAFTLAB_VLLM", real)
-    from draftlab.serve import unavailable
+    from draftlab.serving.server import unavailable
 
     if unavailable() is not None:
         pytest.skip(f"no working vLLM environment: {unavailable()}")

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from draftlab import DraftlabError
-from draftlab.attention import FLEX, attend, check_mask, mask_builder, pick_attention, require_impl
-from draftlab.mask_checks import block_states, expected_block_states, pointwise, run_checks
-from draftlab.masks import dflash_mask, eagle3_mask, synthetic_pack
+from draftlab.drafts.attention import FLEX, attend, check_mask, mask_builder, pick_attention, require_impl
+from draftlab.masks.checks import block_states, expected_block_states, pointwise, run_checks
+from draftlab.masks.families import dflash_mask, eagle3_mask, synthetic_pack
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_blockmask_into_sdpa_and_unset_implementation_raise_our_error_first(pack
 
 
 def test_mask_explorer_builds_sliders_only_outside_headless_runs(monkeypatch, capsys):
-    from draftlab import explore
+    from draftlab.masks import explore
     from draftlab.progress import HEADLESS
 
     monkeypatch.delenv(HEADLESS, raising=False)
@@ -154,7 +154,7 @@ def test_deliberate_eager_flex_calls_do_not_warn(pack, monkeypatch):
 
     import torch.nn.attention.flex_attention as fa
 
-    from draftlab.draft_inspect import one_off
+    from draftlab.drafts.inspection import one_off
 
     monkeypatch.setattr(fa, "_WARNINGS_SHOWN", set())
     view = eagle3_mask(pack["document_ids"], 1)

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from draftlab import DraftlabError, served
-from draftlab.serve import Server, group_members, unavailable, vllm_executable
+from draftlab import DraftlabError
+from draftlab.serving import served
+from draftlab.serving.server import Server, group_members, unavailable, vllm_executable
 
 PROMPTS = ["hello how are you today", "def add(a, b): return a + b"]
 K, N_NEW = 3, 16
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def draft_dir(serve_verifier, tmp_path_factory):
-    from draftlab.draft import build_eagle3
+    from draftlab.drafts.draft import build_eagle3
 
     path = tmp_path_factory.mktemp("served_eagle3") / "final"
     build_eagle3(serve_verifier, None).model.save_pretrained(path)
@@ -26,7 +27,7 @@ def draft_dir(serve_verifier, tmp_path_factory):
 
 
 def _prompts(v):
-    from draftlab.prompts import _chat_ids
+    from draftlab.data.prompts import _chat_ids
 
     return [
         {"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(PROMPTS)
@@ -58,8 +59,8 @@ def _engine_processes(verifier_path) -> list:
 
 def test_served_draft_gives_the_verifiers_greedy_output_and_vllms_counters(serve_verifier, draft_dir, tmp_path):
     """served.measure starts the verifier alone and with the draft together, serves each in turn, stops both."""
-    from draftlab.accept_eval import run_prompts, summarize, verifier_greedy
-    from draftlab.proposers import load_draft, make_proposer
+    from draftlab.acceptance.evaluate import run_prompts, summarize, verifier_greedy
+    from draftlab.acceptance.proposers import load_draft, make_proposer
 
     v, prompts = serve_verifier, _prompts(serve_verifier)
     refs = [verifier_greedy(v, p["ids"], N_NEW) for p in prompts]
@@ -133,7 +134,7 @@ def test_counters_parse_and_per_position_definitions_agree():
     assert m["tau"] == pytest.approx(2.2) and m["acceptance_rate"] == pytest.approx(0.4)
     assert m["per_position_unconditional"] == pytest.approx([0.6, 0.4, 0.2])
     assert m["alpha_n"] == pytest.approx([0.6, 4 / 6, 0.5])
-    from draftlab.accept import Step, metrics
+    from draftlab.acceptance.speculative import Step, metrics
 
     steps = [Step(3, a, 0) for a in (3, 3, 2, 2, 1, 1, 0, 0, 0, 0)]  # the same 10 passes, as draftlab counts them
     assert served.loop_unconditional(steps, 3) == pytest.approx(m["per_position_unconditional"])

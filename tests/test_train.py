@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from draftlab import DraftlabError
-from draftlab.draft import build_draft
-from draftlab.train import Settings, check_reload, final_checkpoint, read_metrics, summary, train
+from draftlab.drafts.draft import build_draft
+from draftlab.training.train import Settings, check_reload, final_checkpoint, read_metrics, summary, train
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 IDS = [2, 4, 5]
@@ -20,7 +20,7 @@ IDS = [2, 4, 5]
 @pytest.fixture(scope="module")
 def home(tmp_path_factory, tiny):
     """DRAFTLAB_HOME with data/runs/tiny/{train,eval} made the way notebook 01 makes them."""
-    from draftlab import dataset, extract, vocab
+    from draftlab.data import dataset, extract, vocab
 
     from conftest import random_rows
 
@@ -86,7 +86,7 @@ def test_packs_read_ahead_by_worker_processes_train_exactly_the_same(tiny, data,
 
 
 def test_loader_workers_only_where_the_gpu_would_wait():
-    from draftlab.train_data import loader_workers
+    from draftlab.training.data import loader_workers
 
     assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30)[0] == 4
     small = loader_workers(None, "cuda:0", cpus=16, shm_free=64 << 20)
@@ -124,7 +124,7 @@ def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data):
 
 
 def test_data_of_another_verifier_is_refused(tiny, data, tmp_path):
-    from draftlab.verifier import load_verifier
+    from draftlab.data.verifier import load_verifier
 
     from conftest import make_model
 
@@ -204,7 +204,7 @@ def test_torchrun_command_parses_with_speculators_own_cli(tiny, data, tmp_path, 
     from speculators.train.config import TrainConfig
     from speculators.train.config.resolution import build_parser
 
-    from draftlab.launch import torchrun_command
+    from draftlab.training.launch import torchrun_command
 
     s = Settings(**S)
     cmd = torchrun_command(make(tiny, data, kind), data, s, nproc=4, save_path=tmp_path / "save")
@@ -241,8 +241,8 @@ def test_the_generated_command_builds_its_draft_in_speculators_cli_and_draftlab_
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
 
-    from draftlab.launch import torchrun_command
-    from draftlab.proposers import load_draft
+    from draftlab.acceptance.proposers import load_draft
+    from draftlab.training.launch import torchrun_command
 
     cmd = torchrun_command(make(tiny, data, kind), data, Settings(**S), nproc=1, save_path=tmp_path / "save")
     main(TrainConfig.resolve([*cmd[cmd.index("speculators.train") + 1 :], "--dry-run"]))
@@ -300,7 +300,7 @@ def test_speculators_runs_exactly_the_steps_and_saves_a_few_times_the_last_inclu
     """Seen on the H200: 60 steps on a split of two packs an epoch made 30 epochs and 30 saved folders."""
     from speculators.train.config import TrainConfig
 
-    from draftlab.launch import MAX_SAVES, torchrun_command
+    from draftlab.training.launch import MAX_SAVES, torchrun_command
 
     s = Settings(**{**S, "steps": 60, "checkpoint_every": 2})
     cmd = torchrun_command(make(tiny, data), data, s, nproc=1, save_path=tmp_path / "save")
@@ -312,7 +312,7 @@ def test_speculators_runs_exactly_the_steps_and_saves_a_few_times_the_last_inclu
 
 
 def test_checkpoint_interval_within_long_epochs_and_across_short_ones():
-    from draftlab.launch import checkpoint_freq
+    from draftlab.training.launch import checkpoint_freq
 
     assert checkpoint_freq([1000, 1000], 1500, 500) == 0.5  # a save each 500 steps inside an epoch, and at each end
     assert checkpoint_freq([498, 497, 499], 1500, 500) == 1.0  # epochs about as long as the interval: one save each
@@ -322,7 +322,7 @@ def test_checkpoint_interval_within_long_epochs_and_across_short_ones():
 
 
 def test_a_save_path_holding_another_run_is_refused_unless_resuming(tiny, data, tmp_path):
-    from draftlab.launch import check_verifier, torchrun_command
+    from draftlab.training.launch import check_verifier, torchrun_command
 
     (tmp_path / "save" / "3").mkdir(parents=True)
     d, s = make(tiny, data), Settings(**S)
@@ -358,7 +358,7 @@ def speculators_save(tiny, data, tmp_path):
 
 
 def test_find_checkpoint_in_speculators_save_layout(speculators_save):
-    from draftlab.launch import find_checkpoint, trained_draft
+    from draftlab.training.launch import find_checkpoint, trained_draft
 
     root, _ = speculators_save
     files = {"optimizer_state_dict.pt", "scheduler_state_dict.pt", "config.json", "model.safetensors"}
@@ -377,7 +377,7 @@ def test_find_checkpoint_in_speculators_save_layout(speculators_save):
 
 
 def test_load_draft_takes_a_speculators_save_path_as_draftlabs_final(tiny, speculators_save):
-    from draftlab.proposers import load_draft, make_proposer
+    from draftlab.acceptance.proposers import load_draft, make_proposer
 
     root, weights = speculators_save
     d = load_draft(root, tiny)  # checkpoint_best: epoch 1, saved in bf16, checked against the fp32 verifier
@@ -391,7 +391,7 @@ def test_load_draft_takes_a_speculators_save_path_as_draftlabs_final(tiny, specu
 
 
 def test_offline_alpha_drafts_k_positions_and_leaves_the_draft_as_it_was(tiny, data, tmp_path):
-    from draftlab.accept_eval import offline_alpha
+    from draftlab.acceptance.evaluate import offline_alpha
 
     d = make(tiny, data)
     train(d, data, Settings(**{**S, "steps": 10}), tmp_path / "run", progress=False)
@@ -405,9 +405,9 @@ def test_offline_alpha_drafts_k_positions_and_leaves_the_draft_as_it_was(tiny, d
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data, kind):
     """On CUDA evaluation reuses the compiled training graph (grad on, training mode): same metrics."""
-    from draftlab.draft_checks import dropout_free
-    from draftlab.train import evaluate
-    from draftlab.train_data import Packs, open_split
+    from draftlab.drafts.checks import dropout_free
+    from draftlab.training.data import Packs, open_split
+    from draftlab.training.train import evaluate
 
     d = make(tiny, data, kind)
     assert dropout_free(d.model)
@@ -422,7 +422,7 @@ def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data
 
 
 def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, monkeypatch):
-    from draftlab import draft_checks
+    from draftlab.drafts import checks as draft_checks
 
     d = make(tiny, data)
     run = train(d, data, Settings(**{**S, "steps": 2}), progress=False)
@@ -435,9 +435,9 @@ def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, monkeypatch):
 
 
 def test_a_draft_with_dropout_is_evaluated_in_eval_mode_without_grad(tiny, data):
-    from draftlab.draft_checks import dropout_free
-    from draftlab.train import evaluate
-    from draftlab.train_data import Packs, open_split
+    from draftlab.drafts.checks import dropout_free
+    from draftlab.training.data import Packs, open_split
+    from draftlab.training.train import evaluate
 
     d = make(tiny, data)
     seen = []
@@ -451,7 +451,7 @@ def test_a_draft_with_dropout_is_evaluated_in_eval_mode_without_grad(tiny, data)
 
 
 def test_drafts_trained_side_by_side_in_processes_equal_in_process_runs(tiny, data):
-    from draftlab.train_jobs import train_drafts
+    from draftlab.training.jobs import train_drafts
 
     def built():
         return {"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash", seed=1)}
@@ -473,7 +473,7 @@ def test_drafts_trained_side_by_side_in_processes_equal_in_process_runs(tiny, da
 
 
 def test_a_run_failing_in_its_process_is_raised_with_its_reason_and_log(tiny, data):
-    from draftlab.train_jobs import train_drafts
+    from draftlab.training.jobs import train_drafts
 
     drafts = {"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash")}
     with pytest.raises(DraftlabError, match=r"eagle3: .*shorter than every sample.*log: .*eagle3/job/log.txt"):
@@ -481,7 +481,7 @@ def test_a_run_failing_in_its_process_is_raised_with_its_reason_and_log(tiny, da
 
 
 def test_side_by_side_only_on_a_gpu_with_cpus_for_both():
-    from draftlab.train_jobs import side_by_side
+    from draftlab.training.jobs import side_by_side
 
     assert side_by_side("cuda", 2, cpus=16)[0] and not side_by_side("cuda", 2, cpus=4)[0]
     assert not side_by_side("cpu", 2, cpus=64)[0] and not side_by_side("cuda", 1, cpus=16)[0]
@@ -489,7 +489,7 @@ def test_side_by_side_only_on_a_gpu_with_cpus_for_both():
 
 
 def test_drafts_not_keyed_by_their_kind_are_refused(tiny, data):
-    from draftlab.train_jobs import train_drafts
+    from draftlab.training.jobs import train_drafts
 
     with pytest.raises(DraftlabError, match="keyed by kind.*'second': 'eagle3'"):
         train_drafts({"eagle3": make(tiny, data), "second": make(tiny, data)}, data, Settings(**S), progress=False)
@@ -498,7 +498,7 @@ def test_drafts_not_keyed_by_their_kind_are_refused(tiny, data):
 def test_an_interrupt_stops_the_training_processes(tiny, data, monkeypatch):
     import subprocess
 
-    from draftlab import train_jobs
+    from draftlab.training import jobs as train_jobs
 
     started = []
 
@@ -525,7 +525,7 @@ def test_an_interrupt_stops_the_training_processes(tiny, data, monkeypatch):
 
 
 def test_a_dict_where_settings_belong_is_named(tiny, tmp_path):
-    from draftlab.draft import build_eagle3
+    from draftlab.drafts.draft import build_eagle3
 
     with pytest.raises(
         DraftlabError,
@@ -570,7 +570,7 @@ def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_
 
 @pytest.mark.parametrize("damage", ["cut", "altered"])
 def test_a_damaged_hidden_state_file_is_named_before_training(tiny, data, tmp_path, damage):
-    from draftlab.train_data import open_split
+    from draftlab.training.data import open_split
 
     split = tmp_path / "train"
     shutil.copytree(data / "train", split)
@@ -593,14 +593,14 @@ def test_a_damaged_hidden_state_file_is_named_before_training(tiny, data, tmp_pa
 @pytest.mark.parametrize("field", ["steps", "eval_every", "checkpoint_every"])
 def test_settings_refuse_a_zero_interval_by_name(field):
     from draftlab import DraftlabError
-    from draftlab.train import Settings
+    from draftlab.training.train import Settings
 
     with pytest.raises(DraftlabError, match=f"{field}=0: must be at least 1"):
         Settings(**{field: 0})
 
 
 def test_compare_reads_both_trainers_checkpoints_on_the_same_packs(tiny, data, speculators_save, tmp_path):
-    from draftlab.checkpoint import compare
+    from draftlab.training.checkpoint import compare
 
     root, _ = speculators_save
     d = make(tiny, data)

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from draftlab import DraftlabError
-from draftlab.dataset import build_rows
-from draftlab.prompts import Prompt
-from draftlab.verifier import embedded_gguf, load_verifier, resolve_verifier
+from draftlab.data.dataset import build_rows
+from draftlab.data.prompts import Prompt
+from draftlab.data.verifier import embedded_gguf, load_verifier, resolve_verifier
 
 from conftest import make_tokenizer
 
@@ -80,7 +80,7 @@ def test_embedded_gguf_is_found_without_importing_the_package():
 def test_cpu_verifier_hands_grouped_heads_to_sdpa_and_generates_the_same_tokens(tiny, tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    from draftlab.gqa import NAME
+    from draftlab.data.gqa import NAME
 
     assert tiny.describe()["attention"] == NAME  # 4 query heads share 2 key/value heads
     ref = AutoModelForCausalLM.from_pretrained(tiny_dir, attn_implementation="sdpa").eval()
@@ -99,7 +99,7 @@ def test_gguf_is_parsed_once_within_a_conversion_and_gguf_is_restored_after(tmp_
     import gguf
     import numpy as np
 
-    from draftlab.verifier import _gguf_parsed_once
+    from draftlab.data.verifier import _gguf_parsed_once
 
     path = tmp_path / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
@@ -139,7 +139,7 @@ def test_an_empty_weights_file_and_a_non_causal_directory_are_named(tiny_dir, tm
 
 
 def test_a_dtype_mismatch_names_the_dtype_to_pass(tiny_dir):
-    from draftlab.draft import build_eagle3
+    from draftlab.drafts.draft import build_eagle3
 
     v = load_verifier(tiny_dir, device="cpu", dtype="bfloat16")
     with pytest.raises(
@@ -156,7 +156,7 @@ def test_the_fingerprint_sees_other_weights_of_the_same_shape_and_is_cached(tiny
 
     from safetensors.torch import load_file, save_file
 
-    from draftlab.verifier import fingerprint
+    from draftlab.data.verifier import fingerprint
 
     cache = tmp_path / "digests.json"
     tuned = tmp_path / "tuned"

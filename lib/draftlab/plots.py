@@ -169,7 +169,7 @@ def block_heatmap(view, ax=None):
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
-    from draftlab.mask_checks import block_states
+    from draftlab.masks.checks import block_states
 
     ax = ax or plt.subplots(figsize=(5, 4))[1]
     states = block_states(view.block).cpu().numpy()
@@ -216,7 +216,7 @@ def _series(records: list[dict], split: str, key):
 
 def training_curves(runs: dict[str, list[dict]], out_dir=None):
     """Per draft kind: loss and first-position accuracy (train thin, eval dots), learning rate, tokens/s."""
-    from draftlab.train import first_accuracy
+    from draftlab.training.train import first_accuracy
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 7))
     for i, (kind, rec) in enumerate(runs.items()):
@@ -239,7 +239,7 @@ def training_curves(runs: dict[str, list[dict]], out_dir=None):
 
 def position_curves(runs: dict[str, list[dict]], out_dir=None):
     """Accuracy of each drafted position against step, one panel per kind (eval solid, train faint)."""
-    from draftlab.train import position_accuracies
+    from draftlab.training.train import position_accuracies
 
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 3.8), squeeze=False)
     for ax, (kind, rec) in zip(axes[0], runs.items(), strict=True):

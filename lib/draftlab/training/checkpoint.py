@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from draftlab import DraftlabError, norms
-from draftlab.draft_checks import inference
+from draftlab import DraftlabError
+from draftlab.drafts import norms
+from draftlab.drafts.checks import inference
 
 if TYPE_CHECKING:
-    from draftlab.draft import Draft
+    from draftlab.drafts.draft import Draft
 
 STATE = "trainer_state.pt"
 
@@ -65,7 +66,7 @@ def save(
     run_dir: Path, draft, step: int, optimizer, scheduler, position: tuple[int, int], hp: dict, keep: int = 2
 ) -> Path:
     """Write `checkpoints/step-<step>/` atomically; keep the newest `keep` checkpoints."""
-    from draftlab.draft_checks import nan_parameters
+    from draftlab.drafts.checks import nan_parameters
 
     bad = nan_parameters(draft.model)
     if bad:  # never let a poisoned model overwrite a good checkpoint
@@ -157,7 +158,7 @@ def load_model(path: Path, cls, attention: str, device, dtype) -> torch.nn.Modul
 
 def reload(path: Path, like: Draft) -> Draft:
     """Load a saved draft through speculators (`SpeculatorModel.from_pretrained`) and check it (`verify`)."""
-    from draftlab.draft import Draft, verify
+    from draftlab.drafts.draft import Draft, verify
 
     model = load_model(path, type(like.model), like.attention, like.verifier.device, like.dtype)
     norms.match_verifier_norm(model, like.verifier)
@@ -201,8 +202,8 @@ def compare(paths: dict, like: Draft, eval_dir: Path, pack_len: int) -> dict:
     on the same held-out packs, so a user switching trainers compares like with like. A speculators save
     is read at its last epoch: the same optimizer steps as a finished draftlab run (its checkpoint_best
     is chosen on speculators' own 10% split)."""
-    from draftlab import launch, train
-    from draftlab.train_data import Packs, open_split
+    from draftlab.training import launch, train
+    from draftlab.training.data import Packs, open_split
 
     packs = Packs(like, open_split(like, eval_dir, pack_len), pack_len, 0)
     out = {}

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from draftlab import DraftlabError, norms
+from draftlab import DraftlabError
+from draftlab.drafts import norms
 
 
 @dataclass
@@ -235,9 +236,9 @@ def load_draft(path, verifier):
     `_attn_implementation` is not serialised; drafting with a KV cache uses sdpa (or eager), never flex."""
     from speculators import SpeculatorModel
 
-    from draftlab.checkpoint import load_model, saved_dtype
-    from draftlab.draft import Draft, _train_config, head_view, verify
-    from draftlab.launch import find_checkpoint
+    from draftlab.drafts.draft import Draft, _train_config, head_view, verify
+    from draftlab.training.checkpoint import load_model, saved_dtype
+    from draftlab.training.launch import find_checkpoint
 
     path = Path(path)
     if not (path / "config.json").exists():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-from draftlab import masks, plots
+from draftlab import plots
+from draftlab.masks import families as masks
 from draftlab.progress import headless
 
 

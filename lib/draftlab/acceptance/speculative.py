@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from draftlab import DraftlabError
-from draftlab.extract import capture
-from draftlab.proposers import Proposal, Proposer, crop
+from draftlab.acceptance.proposers import Proposal, Proposer, crop
+from draftlab.data.extract import capture
 
 
 @dataclass

@@ -23,12 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftlab import DraftlabError, manifest, norms
-from draftlab import draft_checks as checks
-from draftlab.attention import attention_settings, check_mask, pick_attention, require_impl
+from draftlab import DraftlabError
 from draftlab.config import data_dir, pick_dtype
-from draftlab.extract import default_layer_ids, validate_layer_ids
-from draftlab.verifier import Verifier, load_verifier
+from draftlab.data import manifest
+from draftlab.data.extract import default_layer_ids, validate_layer_ids
+from draftlab.data.verifier import Verifier, load_verifier
+from draftlab.drafts import checks, norms
+from draftlab.drafts.attention import attention_settings, check_mask, pick_attention, require_impl
 
 KINDS = ("eagle3", "dflash")
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-from draftlab import DraftlabError, manifest
-from draftlab import draft_checks as checks
+from draftlab import DraftlabError
+from draftlab.data import manifest
+from draftlab.drafts import checks
 
 
 def open_split(draft, folder: Path, pack_len: int):

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from draftlab import DraftlabError
-from draftlab.gen_engine import ENGINES, GEN_DTYPES, Engine, dtype_name, eos_ids, new_tokens  # noqa: F401
+from draftlab.data.gen_engine import ENGINES, GEN_DTYPES, Engine, dtype_name, eos_ids, new_tokens  # noqa: F401
 from draftlab.progress import progress_bar
 
 
@@ -105,7 +105,7 @@ def generate_responses(
             return generate_responses(
                 verifier, prompts, path, max_new_tokens, temperature, batch_size, seed, batch_tokens, eng
             )
-    from draftlab.dataset import require_chat_template
+    from draftlab.data.dataset import require_chat_template
 
     tok = verifier.tokenizer
     require_chat_template(tok, verifier.path)
@@ -140,7 +140,7 @@ def generate_responses(
     todo.sort(key=lambda p: len(seqs[p.id]))
     server = None
     if engine.name == "vllm":
-        from draftlab.generate_vllm import needed_len, probe
+        from draftlab.data.generate_vllm import needed_len, probe
 
         try:
             server = engine.vllm_server(needed_len(seqs.values(), max_new_tokens, limit))
@@ -175,7 +175,7 @@ def generate_responses(
         t0 = time.perf_counter()
         try:
             if server is not None:
-                from draftlab.generate_vllm import serve_answers
+                from draftlab.data.generate_vllm import serve_answers
 
                 serve_answers(server, todo, seqs, write, max_new_tokens, temperature, seed, concurrency=batch_size)
             else:

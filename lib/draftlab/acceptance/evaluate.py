@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from draftlab import DraftlabError
-from draftlab.accept import Generation, metrics, speculative_generate
+from draftlab.acceptance.speculative import Generation, metrics, speculative_generate
 
 
 def load_spec_prompts(run_dir: Path, tokenizer, split: str = "bench", n: int | None = None) -> list[dict]:
     """Prompts of one stage-01 split (from prompts.jsonl) as chat-template ids, sources interleaved."""
-    from draftlab.prompts import _chat_ids
+    from draftlab.data.prompts import _chat_ids
 
     path = Path(run_dir) / "prompts.jsonl"
     if not path.exists():
@@ -163,7 +163,7 @@ def offline_alpha(draft, data_dir: Path, k: int | None = None, max_rows: int = 6
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import ArrowDataset, CollateFn
 
-    from draftlab import manifest
+    from draftlab.data import manifest
 
     if draft.kind != "eagle3":
         raise DraftlabError(f"offline estimate for {draft.kind} is not wired yet; only eagle3.")

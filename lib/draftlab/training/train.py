@@ -21,11 +21,12 @@ from types import SimpleNamespace
 
 import torch
 
-from draftlab import DraftlabError, draft_checks
-from draftlab import checkpoint as ckpt
+from draftlab import DraftlabError
 from draftlab.config import data_dir
-from draftlab.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
-from draftlab.train_data import Packs, loader_workers, open_split, tokens
+from draftlab.drafts import checks as draft_checks
+from draftlab.training import checkpoint as ckpt
+from draftlab.training.data import Packs, loader_workers, open_split, tokens
+from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
 
 # Settings that change how often things happen, not what is trained: free to differ on resume.
 CADENCE = ("eval_every", "checkpoint_every", "eval_packs", "keep_checkpoints", "loader_workers")

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 import torch
 
-from draftlab.attention import eager_flex
-from draftlab.draft import Draft
+from draftlab.drafts.attention import eager_flex
+from draftlab.drafts.draft import Draft
 
 
 def parameter_table(model: torch.nn.Module) -> list[dict]:

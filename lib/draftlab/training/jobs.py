@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from draftlab import DraftlabError
-from draftlab import train as tr
+from draftlab.training import train as tr
 
 
 def side_by_side(device: str, runs: int, cpus: int | None = None, requested: bool | None = None) -> tuple[bool, str]:
@@ -85,7 +85,7 @@ def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: boo
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+            filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])
         ),
     }
     jobs, bars = {}, {}
@@ -132,7 +132,7 @@ def _start(kind: str, d, data: Path, settings: tr.Settings, env: dict):
     log = open(job / "log.txt", "w")
     return (
         subprocess.Popen(
-            [sys.executable, "-m", "draftlab.train_jobs", str(job)], stdout=log, stderr=subprocess.STDOUT, env=env
+            [sys.executable, "-m", "draftlab.training.jobs", str(job)], stdout=log, stderr=subprocess.STDOUT, env=env
         ),
         job,
         log,
@@ -148,7 +148,7 @@ def _show(bars: dict, jobs: dict) -> None:
 
 
 def _collect(drafts: dict, jobs: dict):
-    from draftlab.checkpoint import load_model
+    from draftlab.training.checkpoint import load_model
 
     runs, seconds, reloads, failed = {}, {}, {}, []
     for kind, (p, job, _) in jobs.items():
@@ -175,8 +175,8 @@ def _collect(drafts: dict, jobs: dict):
 
 def _job(job: Path) -> None:
     """One run, in the process `_in_processes` started: rebuild the draft, train, check the reload, report."""
-    from draftlab.draft import build_draft
-    from draftlab.verifier import load_verifier
+    from draftlab.data.verifier import load_verifier
+    from draftlab.drafts.draft import build_draft
 
     spec = torch.load(job / "job.pt", weights_only=False)  # written by this module
     torch.set_num_threads(spec["threads"])

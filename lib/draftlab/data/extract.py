@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from draftlab import DraftlabError, manifest
+from draftlab import DraftlabError
+from draftlab.data import manifest
 from draftlab.progress import progress_bar
 
 FORMAT = "draftlab-hidden-states/1"

@@ -33,10 +33,10 @@ import torch
 from safetensors.torch import load_file
 
 from draftlab import DraftlabError
-from draftlab.extract import hidden_states, validate_layer_ids
-from draftlab.serve import SERVED_NAME, Server, server_env, unavailable, vllm_executable
+from draftlab.data.extract import hidden_states, validate_layer_ids
+from draftlab.serving.server import SERVED_NAME, Server, server_env, unavailable, vllm_executable
 
-PLUGINS = Path(__file__).resolve().parents[1] / "vllm_plugins"  # imported inside the vLLM environment only
+PLUGINS = Path(__file__).resolve().parents[2] / "vllm_plugins"  # imported inside the vLLM environment only
 STOCK, CPU_CONNECTOR = "ExampleHiddenStatesConnector", "DraftlabCPUHiddenStatesConnector"
 _PROBE = """
 import importlib.util, json, pathlib

@@ -51,8 +51,8 @@ from pathlib import Path
 import torch
 
 from draftlab import DraftlabError
-from draftlab import draft_checks as checks
-from draftlab.attention import FLEX
+from draftlab.drafts import checks
+from draftlab.drafts.attention import FLEX
 
 MAX_SAVES = 4  # speculators keeps every save (optimizer state included); draftlab keeps 2
 NUM_WORKERS = 4  # per loader; the validation loader starts as many again
@@ -95,7 +95,7 @@ def checkpoint_freq(counts: list[int], steps: int, every: int, max_saves: int = 
 
 def check_verifier(path) -> Path:
     """The verifier folder speculators reads (config, tokenizer, embeddings, lm_head, norm), absolute."""
-    from draftlab.verifier import resolve_verifier
+    from draftlab.data.verifier import resolve_verifier
 
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
@@ -184,7 +184,7 @@ def torchrun_command(
     Checkpoints go to `save_path` (default `<data>/drafts/<kind>/speculators`); a save path that already
     holds epoch folders is refused unless `resume` (speculators would continue that run). Where the
     `torchrun` on PATH is not this Python's, `python -m torch.distributed.run` (the same launcher)."""
-    from draftlab.train_data import open_split
+    from draftlab.training.data import open_split
 
     if nproc < 1:
         raise DraftlabError(f"nproc={nproc}: need at least one GPU process.")

@@ -76,7 +76,7 @@ def check_mask(impl: str | None, mask) -> None:
     if isinstance(mask, BlockMask) and impl != FLEX:
         raise DraftlabError(
             f"A flex-attention BlockMask was handed to {impl}, which needs a dense mask. Build it with "
-            f"draftlab.attention.mask_builder({impl!r}) (torch's create_mask), or use flex attention on CUDA."
+            f"draftlab.drafts.attention.mask_builder({impl!r}) (torch's create_mask), or use flex attention on CUDA."
         )
     if impl == FLEX and not isinstance(mask, BlockMask):
         raise DraftlabError(

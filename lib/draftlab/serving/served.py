@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from draftlab import DraftlabError
-from draftlab.serve import Server, aux_layer_ids, unavailable
+from draftlab.serving.server import Server, aux_layer_ids, unavailable
 
 COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts",
@@ -262,7 +262,7 @@ def speed_rows(served: dict) -> list[dict]:
 def greedy_rows(verifier, prompts: list[dict], refs: list[list[int]], served: dict, loop_runs: dict) -> list[dict]:
     """Greedy outputs over all prompts: identical token for token, or (bf16 only) a near-tie at the first
     divergence (`accept_eval.greedy_agreement`), or different."""
-    from draftlab.accept_eval import greedy_agreement
+    from draftlab.acceptance.evaluate import greedy_agreement
 
     exact = verifier.dtype.itemsize >= 4
     alone = [o["token_ids"] for o in served["runs"]["verifier alone"]["outputs"]]

@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from draftlab import DraftlabError, gqa
+from draftlab import DraftlabError
+from draftlab.data import gqa
 from draftlab.config import data_dir, pick_device, pick_dtype
-from draftlab.manifest import write_atomic
+from draftlab.data.manifest import write_atomic
 
 EMBEDDED = "smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"

@@ -13,7 +13,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 if TYPE_CHECKING:
-    from draftlab.masks import MaskView
+    from draftlab.masks.families import MaskView
 
 
 def pointwise(mask_mod, q_len: int, kv_len: int, points=None) -> torch.Tensor:

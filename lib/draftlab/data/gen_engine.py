@@ -45,7 +45,7 @@ class Engine:
         self.dtype = dtype_name(verifier.dtype) if gen_dtype == "auto" else gen_dtype
         self.name, self.reason = engine, None
         if engine == "auto":
-            from draftlab.serve import unavailable, vllm_version
+            from draftlab.serving.server import unavailable, vllm_version
 
             why = unavailable()
             if not why and verifier.device.type == "cuda" and (vllm_version() or "").endswith("+cpu"):
@@ -104,7 +104,7 @@ class Engine:
 
     def vllm_server(self, max_len: int):
         """The running server, (re)started when it is not up or its max_model_len is shorter than `max_len`."""
-        from draftlab.serve import Server
+        from draftlab.serving.server import Server
 
         if self.server is not None and self.server.max_model_len >= max_len:
             return self.server
@@ -122,7 +122,7 @@ class Engine:
         if self.dtype == dtype_name(v.dtype):
             return v
         if self._hf is None:
-            from draftlab.verifier import load_verifier
+            from draftlab.data.verifier import load_verifier
 
             self._hf = load_verifier(v.path, device=str(v.device), dtype=self.dtype)
         return self._hf

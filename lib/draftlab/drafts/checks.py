@@ -17,7 +17,7 @@ import torch
 from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE as FLEX_BLOCK
 
 from draftlab import DraftlabError
-from draftlab.attention import FLEX
+from draftlab.drafts.attention import FLEX
 
 # speculators 0.9.0 + torch 2.11 on an H200: the fused Triton loss inside the compiled forward dies
 # with "ListVariable(length=21) is already tracked for mutation". Versions at or past these are
