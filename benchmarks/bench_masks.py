@@ -21,9 +21,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from torch.nn.attention.flex_attention import create_block_mask  # noqa: E402
 
-from draftlab import plots
 from draftlab.masks import families as masks  # noqa: E402
 from draftlab.masks.explore import document_lengths  # noqa: E402
+from draftlab.masks.plots import mask_heatmap  # noqa: E402
 
 
 def timed(fn, device, repeats: int, warmup: int = 2) -> float:
@@ -71,7 +71,7 @@ def main():
 
     def render(view, max_cells=(1024, 2048)):
         fig, ax = plt.subplots(figsize=(7, 5))
-        plots.mask_heatmap(view, ax, max_cells=max_cells)
+        mask_heatmap(view, ax, max_cells=max_cells)
         fig.canvas.draw()
         plt.close(fig)
 

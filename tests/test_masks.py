@@ -129,7 +129,7 @@ def test_mask_explorer_builds_sliders_only_outside_headless_runs(monkeypatch, ca
 
 
 def test_large_masks_are_drawn_as_the_share_of_visible_keys_per_screen_cell():
-    from draftlab.plots import mask_heatmap, screen_cells
+    from draftlab.masks.plots import mask_heatmap, screen_cells
 
     g = torch.Generator().manual_seed(0)
     dense = torch.rand(301, 703, generator=g) < 0.3

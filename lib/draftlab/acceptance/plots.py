@@ -8,8 +8,6 @@ import html
 import matplotlib.pyplot as plt
 import numpy as np
 
-from draftlab.plots import save
-
 SPEC_COLOURS = {"prefill": "#d0d7e1", "accepted": "#b7e4c7", "bonus": "#ffd59e", "rejected": "#f4a6a6"}
 
 
@@ -46,7 +44,7 @@ def speculative_html(tok, gen, max_tokens: int = 300) -> str:
     return legend + '<div style="font-family:monospace;line-height:1.9">' + "".join(spans) + "</div>"
 
 
-def accepted_length_histogram(hists: dict[str, list[int]], title: str, out_dir=None):
+def accepted_length_histogram(hists: dict[str, list[int]], title: str):
     """Share of verifier passes that accepted 0..k draft tokens, one bar group per proposer."""
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     width = 0.8 / max(1, len(hists))
@@ -58,20 +56,20 @@ def accepted_length_histogram(hists: dict[str, list[int]], title: str, out_dir=N
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return save(fig, out_dir, "accepted_length_hist")
+    return fig
 
 
-def alpha_plot(alphas: dict[str, list], title: str, out_dir=None):
+def alpha_plot(alphas: dict[str, list], title: str):
     """Conditional acceptance alpha_n against draft position n; names with 'offline' dashed."""
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for name, a in alphas.items():
         y = [np.nan if x is None else x for x in a]
         ax.plot(range(1, len(y) + 1), y, "o--" if "offline" in name else "o-", label=name)
     ax.set_ylim(-0.02, 1.02)
-    return _finish(fig, ax, "draft position n", "alpha_n = P(accept n | 1..n-1 accepted)", title, out_dir, "alpha_n")
+    return _finish(fig, ax, "draft position n", "alpha_n = P(accept n | 1..n-1 accepted)", title)
 
 
-def tau_vs_k(taus: dict[str, dict[int, float]], title: str, out_dir=None):
+def tau_vs_k(taus: dict[str, dict[int, float]], title: str):
     """Tokens per verifier pass against chain length k, one line per proposer."""
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for name, by_k in taus.items():
@@ -79,10 +77,10 @@ def tau_vs_k(taus: dict[str, dict[int, float]], title: str, out_dir=None):
         ax.plot(ks, [by_k[k] for k in ks], "o-", label=name)
     ax.axhline(1.0, color="k", lw=0.6, ls=":")
     ax.set_xticks(sorted(set().union(*map(set, taus.values()))))
-    return _finish(fig, ax, "draft length k (chain)", "tau (tokens per verifier pass)", title, out_dir, "tau_vs_k")
+    return _finish(fig, ax, "draft length k (chain)", "tau (tokens per verifier pass)", title)
 
 
-def served_positions(positions: dict[str, dict[str, list[float]]], title: str, out_dir=None):
+def served_positions(positions: dict[str, dict[str, list[float]]], title: str):
     """Per-position acceptance of each draft, draftlab's loop against vLLM, on vLLM's (unconditional)
     definition: the share of verifier passes whose draft positions 1..i were all accepted."""
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
@@ -93,15 +91,15 @@ def served_positions(positions: dict[str, dict[str, list[float]]], title: str, o
             )
     ax.set_xticks(range(1, 1 + max((len(ys) for e in positions.values() for ys in e.values()), default=1)))
     ax.set_ylim(-0.02, 1.02)
-    return _finish(fig, ax, "draft position i", "P(positions 1..i accepted)", title, out_dir, "served_per_position")
+    return _finish(fig, ax, "draft position i", "P(positions 1..i accepted)", title)
 
 
-def _finish(fig, ax, xlabel: str, ylabel: str, title: str, out_dir, name: str):
-    """Labels, title, legend and grid of a line plot; saved as <name>.png when out_dir is given."""
+def _finish(fig, ax, xlabel: str, ylabel: str, title: str):
+    """Labels, title, legend and grid of a line plot; returns its Figure."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    return save(fig, out_dir, name)
+    return fig

@@ -5,8 +5,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-from draftlab import plots
 from draftlab.masks import families as masks
+from draftlab.masks.plots import mask_figure
 from draftlab.progress import headless
 
 
@@ -18,14 +18,14 @@ def document_lengths(seq_len: int, docs: int, fill: float = 0.9, seed: int = 0) 
     return lengths.tolist()
 
 
-def draw(seq_len: int, docs: int, block_size: int, n_anchors: int, ttt_step: int, flex_block: int = 128, out_dir=None):
+def draw(seq_len: int, docs: int, block_size: int, n_anchors: int, ttt_step: int, flex_block: int = 128):
     """Both masks for one setting of the sliders: [(view, figure)] for EAGLE-3 then DFlash."""
     pack = masks.synthetic_pack(document_lengths(seq_len, docs), seq_len)
     views = [
         masks.eagle3_mask(pack["document_ids"], ttt_step, flex_block),
         masks.dflash_mask(pack["document_ids"], pack["loss_mask"], n_anchors, block_size, flex_block),
     ]
-    return [(v, plots.mask_figure(v, out_dir)) for v in views]
+    return [(v, mask_figure(v)) for v in views]
 
 
 def mask_explorer(seq_len=512, docs=3, block_size=8, n_anchors=8, ttt_step=2, flex_block=128):

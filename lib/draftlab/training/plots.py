@@ -1,0 +1,61 @@
+"""Stage 04's pictures: loss, accuracy, learning rate and throughput against step, and accuracy per
+drafted position; each returns its Figure (the notebook saves it)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from draftlab.training.train import first_accuracy, position_accuracies
+
+
+def _series(records: list[dict], split: str, key):
+    rows = [r for r in records if r["split"] == split]
+    return [r["step"] for r in rows], [key(r) if callable(key) else r.get(key, np.nan) for r in rows]
+
+
+def training_curves(runs: dict[str, list[dict]]):
+    """Per draft kind: loss and first-position accuracy (train thin, eval dots), learning rate, tokens/s."""
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7))
+    for i, (kind, rec) in enumerate(runs.items()):
+        c = f"C{i}"
+        for ax, key in ((axes[0, 0], "loss"), (axes[0, 1], lambda r, k=kind: first_accuracy(k, r))):
+            ax.plot(*_series(rec, "train", key), color=c, lw=0.8, alpha=0.6, label=f"{kind} train")
+            ax.plot(*_series(rec, "eval", key), "o-", color=c, ms=4, label=f"{kind} eval (held-out)")
+        axes[1, 0].plot(*_series(rec, "train", "lr"), color=c, label=kind)
+        axes[1, 1].plot(*_series(rec, "train", "tokens_per_s"), color=c, lw=0.8, label=kind)
+    titles = ("loss", "first-position accuracy", "learning rate (warm-up, then cosine)", "training tokens/s")
+    for ax, title in zip(axes.flat, titles, strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0, 1].set_ylim(0, 1)
+    fig.tight_layout()
+    return fig
+
+
+def position_curves(runs: dict[str, list[dict]]):
+    """Accuracy of each drafted position against step, one panel per kind (eval solid, train faint)."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 3.8), squeeze=False)
+    for ax, (kind, rec) in zip(axes[0], runs.items(), strict=True):
+        positions = sorted(position_accuracies(kind, rec[-1]))
+        for j, p in enumerate(positions):
+            get = lambda r, p=p, k=kind: position_accuracies(k, r).get(p, np.nan)  # noqa: E731
+            ax.plot(
+                *_series(rec, "train", get), color=plt.cm.viridis(j / max(1, len(positions) - 1)), lw=0.6, alpha=0.35
+            )
+            ax.plot(
+                *_series(rec, "eval", get),
+                "o-",
+                ms=3,
+                color=plt.cm.viridis(j / max(1, len(positions) - 1)),
+                label=f"position {p}",
+            )
+        ax.set_title(f"{kind}: accuracy per drafted position (dots: held-out)", fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
