@@ -21,8 +21,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from torch.nn.attention.flex_attention import create_block_mask  # noqa: E402
 
-from draftlab.masks import families as masks  # noqa: E402
-from draftlab.masks.explore import document_lengths  # noqa: E402
+from draftlab.masks.common import document_lengths, synthetic_pack  # noqa: E402
+from draftlab.masks.dflash import dflash_block_mask  # noqa: E402
+from draftlab.masks.eagle3 import eagle3_block_mask, eagle3_mask  # noqa: E402
 from draftlab.masks.plots import mask_heatmap  # noqa: E402
 
 
@@ -51,14 +52,14 @@ def main():
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
 
-    pack = masks.synthetic_pack(document_lengths(args.seq_len, 12, fill=0.97), args.seq_len)
+    pack = synthetic_pack(document_lengths(args.seq_len, 12, fill=0.97), args.seq_len)
     doc, loss = pack["document_ids"][0].to(args.device), pack["loss_mask"][0].to(args.device)
     rows = []
     cases = {
         f"DFlash block mask ({args.seq_len} tokens, {args.anchors} anchors, block {args.block_size})": lambda b: (
-            masks.dflash_block_mask(doc, loss, args.anchors, args.block_size, device=args.device, builder=b)
+            dflash_block_mask(doc, loss, args.anchors, args.block_size, device=args.device, builder=b)
         ),
-        f"EAGLE-3 TTT masks ({args.seq_len} tokens, {args.ttt_steps} steps)": lambda b: masks.eagle3_block_mask(
+        f"EAGLE-3 TTT masks ({args.seq_len} tokens, {args.ttt_steps} steps)": lambda b: eagle3_block_mask(
             doc, args.ttt_steps - 1, device=args.device, builder=b
         ),
     }
@@ -75,12 +76,12 @@ def main():
         fig.canvas.draw()
         plt.close(fig)
 
-    small = masks.eagle3_mask(masks.synthetic_pack(document_lengths(1024, 5), 1024)["document_ids"], 0)
+    small = eagle3_mask(synthetic_pack(document_lengths(1024, 5), 1024)["document_ids"], 0)
     rows.append(
         ("token-level heatmap 1024 x 1024, rendered (CPU)", f"{timed(lambda: render(small), 'cpu', 5, warmup=1):.1f}")
     )
     # A training-size mask, drawn as notebook 02 draws it (averaged over screen cells) and token by token.
-    large = masks.eagle3_mask(doc.cpu(), args.ttt_steps - 1)
+    large = eagle3_mask(doc.cpu(), args.ttt_steps - 1)
     name = (
         f"token-level heatmap {large.q_len} x {large.kv_len} (EAGLE-3, TTT step {args.ttt_steps - 1}), rendered (CPU)"
     )

@@ -4,7 +4,9 @@ import torch
 from draftlab import DraftlabError
 from draftlab.drafts.attention import FLEX, attend, check_mask, mask_builder, pick_attention, require_impl
 from draftlab.masks.checks import block_states, expected_block_states, pointwise, run_checks
-from draftlab.masks.families import dflash_mask, eagle3_mask, synthetic_pack
+from draftlab.masks.common import synthetic_pack
+from draftlab.masks.dflash import dflash_mask
+from draftlab.masks.eagle3 import eagle3_mask
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +172,21 @@ def test_deliberate_eager_flex_calls_do_not_warn(pack, monkeypatch):
         fa._WARNINGS_SHOWN.clear()
         fa.flex_attention(q, k, v, block_mask=view.block)  # the same call outside: torch warns
     assert [w for w in seen if unfused in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "png"),
+    [
+        ("eagle3", ["--seq-len", "128", "--ttt-step", "1"], "eagle3_ttt1.png"),
+        ("dflash", ["--anchors", "4"], "dflash.png"),
+    ],
+)
+def test_each_family_main_draws_its_mask(module, argv, png, tmp_path, capsys):
+    import importlib
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    importlib.import_module(f"draftlab.masks.{module}").main([*argv, "--out", str(tmp_path)])
+    assert [p.name for p in tmp_path.iterdir()] == [png]
+    assert "kv_len" in capsys.readouterr().out  # the mask's arithmetic is printed beside the picture

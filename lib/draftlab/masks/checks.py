@@ -13,7 +13,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 if TYPE_CHECKING:
-    from draftlab.masks.families import MaskView
+    from draftlab.masks.common import MaskView
 
 
 def pointwise(mask_mod, q_len: int, kv_len: int, points=None) -> torch.Tensor:

@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-import torch
 
-from draftlab.masks import families as masks
+from draftlab.masks.common import document_lengths, synthetic_pack
+from draftlab.masks.dflash import dflash_mask
+from draftlab.masks.eagle3 import eagle3_mask
 from draftlab.masks.plots import mask_figure
 from draftlab.progress import headless
 
 
-def document_lengths(seq_len: int, docs: int, fill: float = 0.9, seed: int = 0) -> list[int]:
-    """`docs` documents of uneven length filling about `fill` of the pack (the rest is padding)."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.rand(docs, generator=g) + 0.5
-    lengths = (w / w.sum() * seq_len * fill).long().clamp(min=2)
-    return lengths.tolist()
-
-
 def draw(seq_len: int, docs: int, block_size: int, n_anchors: int, ttt_step: int, flex_block: int = 128):
     """Both masks for one setting of the sliders: [(view, figure)] for EAGLE-3 then DFlash."""
-    pack = masks.synthetic_pack(document_lengths(seq_len, docs), seq_len)
+    pack = synthetic_pack(document_lengths(seq_len, docs), seq_len)
     views = [
-        masks.eagle3_mask(pack["document_ids"], ttt_step, flex_block),
-        masks.dflash_mask(pack["document_ids"], pack["loss_mask"], n_anchors, block_size, flex_block),
+        eagle3_mask(pack["document_ids"], ttt_step, flex_block),
+        dflash_mask(pack["document_ids"], pack["loss_mask"], n_anchors, block_size, flex_block),
     ]
     return [(v, mask_figure(v)) for v in views]
 
