@@ -184,7 +184,7 @@ def parse_log(args) -> dict:
 def run_eval(args) -> dict:
     from draftlab.acceptance.proposers import load_draft
     from draftlab.training import checkpoint as ckpt
-    from draftlab.training import launch, train
+    from draftlab.training import launch
 
     data, v, d, s = setup(args)
     spec = launch.find_checkpoint(args.save_path, "last")  # the same step count as draftlab's final/
@@ -198,7 +198,7 @@ def run_eval(args) -> dict:
         }
         for name, r in both.items()
     }
-    reload = train.check_reload(ckpt.reload(spec, d), spec, data, s.pack_len)
+    reload = ckpt.check_reload(ckpt.reload(spec, d), spec, data, s.pack_len)
     out["speculators"]["reload_check"] = {k: reload[k] for k in ("identical tensors", "identical outputs")}
     out["speculators"]["load_draft"] = load_draft(args.save_path, v).choices["checkpoint"][0]  # notebook 05's path
     return out

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from draftlab import DraftlabError
-from draftlab.drafts.attention import FLEX, attend, check_mask, mask_builder, pick_attention, require_impl
 from draftlab.masks.checks import block_states, expected_block_states, pointwise, run_checks
 from draftlab.masks.families import dflash_mask, eagle3_mask, synthetic_pack
+from draftlab.training.attention import FLEX, attend, check_mask, mask_builder, pick_attention, require_impl
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.drafts.draft import build_draft
-from draftlab.training.train import Settings, check_reload, final_checkpoint, read_metrics, summary, train
+from draftlab.training.checkpoint import check_reload
+from draftlab.training.train import Settings, final_checkpoint, read_metrics, summary, train
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 IDS = [2, 4, 5]
@@ -86,7 +87,7 @@ def test_packs_read_ahead_by_worker_processes_train_exactly_the_same(tiny, data,
 
 
 def test_loader_workers_only_where_the_gpu_would_wait():
-    from draftlab.training.data import loader_workers
+    from draftlab.training.device import loader_workers
 
     assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30)[0] == 4
     small = loader_workers(None, "cuda:0", cpus=16, shm_free=64 << 20)
@@ -300,7 +301,8 @@ def test_speculators_runs_exactly_the_steps_and_saves_a_few_times_the_last_inclu
     """Seen on the H200: 60 steps on a split of two packs an epoch made 30 epochs and 30 saved folders."""
     from speculators.train.config import TrainConfig
 
-    from draftlab.training.launch import MAX_SAVES, torchrun_command
+    from draftlab.training.flags import MAX_SAVES
+    from draftlab.training.launch import torchrun_command
 
     s = Settings(**{**S, "steps": 60, "checkpoint_every": 2})
     cmd = torchrun_command(make(tiny, data), data, s, nproc=1, save_path=tmp_path / "save")
@@ -312,7 +314,7 @@ def test_speculators_runs_exactly_the_steps_and_saves_a_few_times_the_last_inclu
 
 
 def test_checkpoint_interval_within_long_epochs_and_across_short_ones():
-    from draftlab.training.launch import checkpoint_freq
+    from draftlab.training.flags import checkpoint_freq
 
     assert checkpoint_freq([1000, 1000], 1500, 500) == 0.5  # a save each 500 steps inside an epoch, and at each end
     assert checkpoint_freq([498, 497, 499], 1500, 500) == 1.0  # epochs about as long as the interval: one save each
@@ -322,7 +324,8 @@ def test_checkpoint_interval_within_long_epochs_and_across_short_ones():
 
 
 def test_a_save_path_holding_another_run_is_refused_unless_resuming(tiny, data, tmp_path):
-    from draftlab.training.launch import check_verifier, torchrun_command
+    from draftlab.training.flags import check_verifier
+    from draftlab.training.launch import torchrun_command
 
     (tmp_path / "save" / "3").mkdir(parents=True)
     d, s = make(tiny, data), Settings(**S)
@@ -405,9 +408,9 @@ def test_offline_alpha_drafts_k_positions_and_leaves_the_draft_as_it_was(tiny, d
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data, kind):
     """On CUDA evaluation reuses the compiled training graph (grad on, training mode): same metrics."""
-    from draftlab.drafts.checks import dropout_free
     from draftlab.training.data import Packs, open_split
-    from draftlab.training.train import evaluate
+    from draftlab.training.device import dropout_free
+    from draftlab.training.forward import evaluate
 
     d = make(tiny, data, kind)
     assert dropout_free(d.model)
@@ -422,11 +425,11 @@ def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data
 
 
 def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, monkeypatch):
-    from draftlab.drafts import checks as draft_checks
+    from draftlab.training import device
 
     d = make(tiny, data)
     run = train(d, data, Settings(**{**S, "steps": 2}), progress=False)
-    monkeypatch.setattr(draft_checks, "forward_is_compiled", lambda: True)  # what CUDA would say
+    monkeypatch.setattr(device, "forward_is_compiled", lambda: True)  # what CUDA would say
     seen = []
     d.model.register_forward_pre_hook(lambda m, _args: seen.append((m.training, torch.is_grad_enabled())))
     d.model.eval()
@@ -435,9 +438,9 @@ def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, monkeypatch):
 
 
 def test_a_draft_with_dropout_is_evaluated_in_eval_mode_without_grad(tiny, data):
-    from draftlab.drafts.checks import dropout_free
     from draftlab.training.data import Packs, open_split
-    from draftlab.training.train import evaluate
+    from draftlab.training.device import dropout_free
+    from draftlab.training.forward import evaluate
 
     d = make(tiny, data)
     seen = []
