@@ -612,3 +612,48 @@ def test_compare_reads_both_trainers_checkpoints_on_the_same_packs(tiny, data, s
     assert got["draftlab"]["checkpoint"] == str(run / "final") and got["speculators"]["checkpoint"] == str(root / "2")
     assert all(0.0 <= r["eval first-position accuracy"] <= 1.0 and r["eval loss"] > 0 for r in got.values())
     assert got["draftlab"]["eval loss"] != got["speculators"]["eval loss"]  # different weights, different numbers
+
+
+# The core (top-level modules) and the one stage-01 module training reads: the data's manifest (which
+# verifier, which layer ids, checksums), the contract between stage 01's folders and every later stage.
+HOME = ("draftlab/training/", "draftlab/__init__.py", "draftlab/config.py", "draftlab/progress.py", "draftlab/run.py")
+MANIFEST = "draftlab/data/manifest.py"
+
+
+def test_importing_the_training_entry_point_pulls_in_only_training_and_core():
+    import subprocess
+    import sys
+
+    code = "import sys, draftlab.training.train; print(' '.join(m for m in sys.modules if m.startswith('draftlab')))"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    core = {"draftlab", "draftlab.config", "draftlab.progress", "draftlab.run"}
+    home = core | {"draftlab.data", "draftlab.data.manifest"}  # the package of the manifest, and the manifest
+    away = [m for m in found if m not in home and not m.startswith("draftlab.training")]
+    assert "draftlab.training.train" in found and away == []
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_the_draft_handed_to_train_stays_in_training_and_core_call_by_call(tiny, data, tmp_path, kind):
+    """Every draftlab function `train` runs, traced: all in training/ or the core, except reads of the
+    draft's and its verifier's own attributes (properties of the objects handed in) and the manifest."""
+    import sys
+    from pathlib import Path
+
+    d, root = make(tiny, data, kind), str(Path(__import__("draftlab").__file__).parent.parent) + "/"
+    calls = set()
+
+    def record(frame, event, _arg):
+        path = frame.f_code.co_filename
+        if event == "call" and path.startswith(root):
+            calls.add((path.removeprefix(root), frame.f_code.co_qualname))
+
+    sys.setprofile(record)
+    try:
+        train(d, data, Settings(**{**S, "steps": 2, "eval_every": 1}), tmp_path / "run", progress=False)
+    finally:
+        sys.setprofile(None)
+    away = {(p, f) for p, f in calls if not p.startswith(HOME) and p != MANIFEST}
+    attributes = {("draftlab/drafts/draft.py", f"Draft.{a}") for a in ("attention", "dtype", "device")} | {
+        ("draftlab/data/verifier.py", f"Verifier.{a}") for a in ("hidden_size", "device", "dtype")
+    }
+    assert any(p == "draftlab/training/forward.py" for p, _ in calls) and away <= attributes, sorted(away - attributes)
