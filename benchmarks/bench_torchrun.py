@@ -33,7 +33,7 @@ def setup(args):
     from draftlab import config
     from draftlab.data.verifier import load_verifier
     from draftlab.drafts import draft
-    from draftlab.training import train
+    from draftlab.training import settings, train
 
     p = config.load_profile(args.profile)
     data = config.data_dir() / "runs" / p["dataset_name"]
@@ -60,7 +60,7 @@ def setup(args):
         "checkpoint_every",
     )
     s = train.Settings(steps=args.steps or p["train_steps"], **{k: p[k] for k in names})
-    train.configure(d, s)
+    settings.configure(d, s)
     return data, v, d, s
 
 

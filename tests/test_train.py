@@ -153,18 +153,20 @@ def test_pack_shorter_than_every_sample_is_refused(tiny, data, tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tiny, data, tmp_path, workers):
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tiny, data, tmp_path, workers, monkeypatch):
     import multiprocessing
 
-    d = make(tiny, data)
-    forward, calls = d.forward, []
+    from draftlab.training import train as train_module
 
-    def poisoned(batch, **kw):
+    d = make(tiny, data)
+    forward, calls = train_module.forward, []
+
+    def poisoned(draft, batch, **kw):
         calls.append(1)
-        tokens, loss, m = forward(batch, **kw)
+        tokens, loss, m = forward(draft, batch, **kw)
         return tokens, loss * (float("inf") if len(calls) == 7 else 1.0), m
 
-    d.forward = poisoned
+    monkeypatch.setattr(train_module, "forward", poisoned)  # the training loop's forward
     try:
         train(
             d,
@@ -537,7 +539,9 @@ def test_a_dict_where_settings_belong_is_named(tiny, tmp_path):
         train(build_eagle3(tiny, None), tmp_path, {"steps": 1})
 
 
-def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_path):
+def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_path, monkeypatch):
+    from draftlab.training import train as train_module
+
     first = train(
         make(tiny, data),
         data,
@@ -547,16 +551,17 @@ def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_
     )
     weights = (first / "final" / "model.safetensors").read_bytes()
     d = make(tiny, data, seed=1)
-    real, calls = d.forward, []
+    real, calls = train_module.forward, []
 
-    def nan_at_step_3(batch, **kw):
+    def nan_at_step_3(draft, batch, **kw):
         calls.append(1)
-        t, loss, m = real(batch, **kw)
+        t, loss, m = real(draft, batch, **kw)
         return t, loss * float("nan") if len(calls) == 3 else loss, m
 
-    d.forward = nan_at_step_3
-    with pytest.raises(DraftlabError, match=r"loss is nan at step 3: .*the earlier run is kept in .*\.previous"):
-        train(d, data, Settings(**{**S, "steps": 6, "checkpoint_every": 5, "eval_every": 5}), first, progress=False)
+    with monkeypatch.context() as patched:
+        patched.setattr(train_module, "forward", nan_at_step_3)  # the training loop's forward
+        with pytest.raises(DraftlabError, match=r"loss is nan at step 3: .*the earlier run is kept in .*\.previous"):
+            train(d, data, Settings(**{**S, "steps": 6, "checkpoint_every": 5, "eval_every": 5}), first, progress=False)
     prev = first / ".previous"
     assert (prev / "final" / "model.safetensors").read_bytes() == weights and (prev / "checkpoints" / "step-2").is_dir()
     again = train(
