@@ -33,7 +33,7 @@ def setup(args):
     from draftlab import config
     from draftlab.data.verifier import load_verifier
     from draftlab.drafts import draft
-    from draftlab.training import train
+    from draftlab.training import settings, train
 
     p = config.load_profile(args.profile)
     data = config.data_dir() / "runs" / p["dataset_name"]
@@ -60,7 +60,7 @@ def setup(args):
         "checkpoint_every",
     )
     s = train.Settings(steps=args.steps or p["train_steps"], **{k: p[k] for k in names})
-    train.configure(d, s)
+    settings.configure(d, s)
     return data, v, d, s
 
 
@@ -184,7 +184,7 @@ def parse_log(args) -> dict:
 def run_eval(args) -> dict:
     from draftlab.acceptance.proposers import load_draft
     from draftlab.training import checkpoint as ckpt
-    from draftlab.training import launch, train
+    from draftlab.training import launch
 
     data, v, d, s = setup(args)
     spec = launch.find_checkpoint(args.save_path, "last")  # the same step count as draftlab's final/
@@ -198,7 +198,7 @@ def run_eval(args) -> dict:
         }
         for name, r in both.items()
     }
-    reload = train.check_reload(ckpt.reload(spec, d), spec, data, s.pack_len)
+    reload = ckpt.check_reload(ckpt.reload(spec, d), spec, data, s.pack_len)
     out["speculators"]["reload_check"] = {k: reload[k] for k in ("identical tensors", "identical outputs")}
     out["speculators"]["load_draft"] = load_draft(args.save_path, v).choices["checkpoint"][0]  # notebook 05's path
     return out

@@ -274,7 +274,8 @@ def training(built: dict, run: Path) -> dict[str, Path]:
     """Stage 04: two optimizer steps each (finite loss, weights moved), then final/ reloaded with identical outputs."""
     import math
 
-    from draftlab.training.train import Settings, check_reload, read_metrics, train
+    from draftlab.training.checkpoint import check_reload
+    from draftlab.training.train import Settings, read_metrics, train
 
     s = Settings(
         steps=2, learning_rate=1e-3, warmup_steps=1, pack_len=128, eval_every=2, checkpoint_every=2, n_anchors=8

@@ -8,11 +8,14 @@ import pytest
 import torch
 
 from draftlab import DraftlabError
-from draftlab.drafts import checks
-from draftlab.drafts.attention import FLEX
-from draftlab.drafts.draft import build_dflash, build_draft, build_eagle3, verify
+from draftlab.drafts.draft import build_dflash, build_draft, build_eagle3
+from draftlab.drafts.inputs import pick_mask_token, used_ids
 from draftlab.drafts.inspection import parameter_table
-from draftlab.training.checkpoint import reload_check
+from draftlab.drafts.validate import verify
+from draftlab.training.attention import FLEX
+from draftlab.training.checkpoint import nan_parameters, reload_check
+from draftlab.training.data import check_pack, pack_length, pad_batch
+from draftlab.training.device import pick_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 KW = dict(device="cpu", dtype="float32")
@@ -70,7 +73,7 @@ def dflash(tiny, data_dir):
 def test_both_drafts_build_with_verifier_parts_and_no_nan(tiny, eagle, dflash):
     for d in (eagle, dflash):
         m = d.model
-        assert checks.nan_parameters(m) == []
+        assert nan_parameters(m) == []
         assert torch.equal(m.embed_tokens.weight, tiny.embed.weight)
         assert torch.equal(m.verifier_norm.weight, tiny.norm.weight)
         assert m.target_layer_ids == [2, 4, 5] and m.draft_vocab_size == 64
@@ -92,7 +95,7 @@ def test_eagle3_lm_head_rows_are_the_verifier_rows_picked_by_d2t(tiny, eagle, da
 def test_nested_verifiers_build_through_an_unwrapped_view(request, fixture, kind, views, tiny):
     d = build_draft(kind, request.getfixturevalue(fixture), num_layers=1, view_root=views, **KW)
     assert d.verifier.nested and "view" in d.choices["verifier for speculators"][1]
-    assert checks.nan_parameters(d.model) == []
+    assert nan_parameters(d.model) == []
     assert torch.equal(d.model.embed_tokens.weight, tiny.embed.weight)
     assert torch.equal(d.model.lm_head.weight, tiny.lm_head.weight)  # full vocabulary: every row
 
@@ -179,11 +182,11 @@ def test_draft_vocab_larger_than_target(tiny):
 
 
 def test_dflash_without_mask_token_gets_a_safe_default_and_says_which(tiny, dflash, data_dir):
-    tid, why = checks.pick_mask_token(tiny, tiny.path, None, checks.used_ids(data_dir))
+    tid, why = pick_mask_token(tiny, tiny.path, None, used_ids(data_dir))
     assert dflash.model.config.mask_token_id == tid and why in dflash.choices["mask token"][1]
-    assert tid not in checks.used_ids(data_dir)
+    assert tid not in used_ids(data_dir)
     with pytest.raises(DraftlabError, match="valid id"):
-        checks.pick_mask_token(tiny, tiny.path, tiny.vocab_size + 5)
+        pick_mask_token(tiny, tiny.path, tiny.vocab_size + 5)
 
 
 def test_verifier_without_lm_head(tmp_path, tiny_dir):
@@ -216,22 +219,22 @@ def test_unknown_kind_and_data_of_another_verifier(tiny, data_dir, nested_dir):
 
 
 def test_loss_choice():
-    assert checks.pick_loss("cpu", False, "2.11.0", "0.9.0")[0] == "eager"
-    assert checks.pick_loss("cuda", True, "2.11.0+cu128", "0.9.0")[0] == "eager"  # the compile bug
-    assert checks.pick_loss("cuda", False, "2.11.0", "0.9.0")[0] == "fused"
-    assert checks.pick_loss("cuda", True, "2.10.1", "0.9.0")[0] == "fused"
-    assert checks.pick_loss("cuda", True, "2.11.0", "0.10.0")[0] == "fused"
-    impl, why = checks.pick_loss("cuda", True, "2.11.0", "0.9.0", force="fused")
+    assert pick_loss("cpu", False, "2.11.0", "0.9.0")[0] == "eager"
+    assert pick_loss("cuda", True, "2.11.0+cu128", "0.9.0")[0] == "eager"  # the compile bug
+    assert pick_loss("cuda", False, "2.11.0", "0.9.0")[0] == "fused"
+    assert pick_loss("cuda", True, "2.10.1", "0.9.0")[0] == "fused"
+    assert pick_loss("cuda", True, "2.11.0", "0.10.0")[0] == "fused"
+    impl, why = pick_loss("cuda", True, "2.11.0", "0.9.0", force="fused")
     assert impl == "fused" and "known to fail" in why
     with pytest.raises(DraftlabError, match="eager"):
-        checks.pick_loss("cpu", False, "2.11.0", "0.9.0", force="fused")
+        pick_loss("cpu", False, "2.11.0", "0.9.0", force="fused")
 
 
 def test_pack_length_is_padded_to_the_flex_block_for_eagle3():
-    assert checks.pack_length(8191, "eagle3", FLEX)[0] == 8192
-    assert checks.pack_length(8192, "eagle3", FLEX)[0] == 8192
-    assert checks.pack_length(8191, "eagle3", "sdpa")[0] == 8191
-    assert checks.pack_length(8191, "dflash", FLEX)[0] == 8191
+    assert pack_length(8191, "eagle3", FLEX)[0] == 8192
+    assert pack_length(8192, "eagle3", FLEX)[0] == 8192
+    assert pack_length(8191, "eagle3", "sdpa")[0] == 8191
+    assert pack_length(8191, "dflash", FLEX)[0] == 8191
     batch = {
         "input_ids": torch.ones(1, 5, dtype=torch.long),
         "document_ids": torch.zeros(1, 5, dtype=torch.long),
@@ -239,9 +242,9 @@ def test_pack_length_is_padded_to_the_flex_block_for_eagle3():
         "hidden_states": torch.ones(1, 5, 6),
     }
     with pytest.raises(DraftlabError, match="max_len=128"):
-        checks.check_pack(batch, "eagle3", FLEX)
-    out = checks.pad_batch(batch, 128)
-    checks.check_pack(out, "eagle3", FLEX)
+        check_pack(batch, "eagle3", FLEX)
+    out = pad_batch(batch, 128)
+    check_pack(out, "eagle3", FLEX)
     assert out["document_ids"][0, 5:].eq(-1).all() and out["hidden_states"][0, 5:].eq(0).all()
     assert out["position_ids"][0, -1] == 127
 

@@ -11,7 +11,8 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.drafts.draft import build_draft
-from draftlab.training.train import Settings, check_reload, final_checkpoint, read_metrics, summary, train
+from draftlab.training.checkpoint import check_reload
+from draftlab.training.train import Settings, final_checkpoint, read_metrics, summary, train
 
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 IDS = [2, 4, 5]
@@ -86,7 +87,7 @@ def test_packs_read_ahead_by_worker_processes_train_exactly_the_same(tiny, data,
 
 
 def test_loader_workers_only_where_the_gpu_would_wait():
-    from draftlab.training.data import loader_workers
+    from draftlab.training.device import loader_workers
 
     assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30)[0] == 4
     small = loader_workers(None, "cuda:0", cpus=16, shm_free=64 << 20)
@@ -152,18 +153,20 @@ def test_pack_shorter_than_every_sample_is_refused(tiny, data, tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tiny, data, tmp_path, workers):
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tiny, data, tmp_path, workers, monkeypatch):
     import multiprocessing
 
-    d = make(tiny, data)
-    forward, calls = d.forward, []
+    from draftlab.training import train as train_module
 
-    def poisoned(batch, **kw):
+    d = make(tiny, data)
+    forward, calls = train_module.forward, []
+
+    def poisoned(draft, batch, **kw):
         calls.append(1)
-        tokens, loss, m = forward(batch, **kw)
+        tokens, loss, m = forward(draft, batch, **kw)
         return tokens, loss * (float("inf") if len(calls) == 7 else 1.0), m
 
-    d.forward = poisoned
+    monkeypatch.setattr(train_module, "forward", poisoned)  # the training loop's forward
     try:
         train(
             d,
@@ -300,7 +303,8 @@ def test_speculators_runs_exactly_the_steps_and_saves_a_few_times_the_last_inclu
     """Seen on the H200: 60 steps on a split of two packs an epoch made 30 epochs and 30 saved folders."""
     from speculators.train.config import TrainConfig
 
-    from draftlab.training.launch import MAX_SAVES, torchrun_command
+    from draftlab.training.flags import MAX_SAVES
+    from draftlab.training.launch import torchrun_command
 
     s = Settings(**{**S, "steps": 60, "checkpoint_every": 2})
     cmd = torchrun_command(make(tiny, data), data, s, nproc=1, save_path=tmp_path / "save")
@@ -312,7 +316,7 @@ def test_speculators_runs_exactly_the_steps_and_saves_a_few_times_the_last_inclu
 
 
 def test_checkpoint_interval_within_long_epochs_and_across_short_ones():
-    from draftlab.training.launch import checkpoint_freq
+    from draftlab.training.flags import checkpoint_freq
 
     assert checkpoint_freq([1000, 1000], 1500, 500) == 0.5  # a save each 500 steps inside an epoch, and at each end
     assert checkpoint_freq([498, 497, 499], 1500, 500) == 1.0  # epochs about as long as the interval: one save each
@@ -322,7 +326,8 @@ def test_checkpoint_interval_within_long_epochs_and_across_short_ones():
 
 
 def test_a_save_path_holding_another_run_is_refused_unless_resuming(tiny, data, tmp_path):
-    from draftlab.training.launch import check_verifier, torchrun_command
+    from draftlab.training.flags import check_verifier
+    from draftlab.training.launch import torchrun_command
 
     (tmp_path / "save" / "3").mkdir(parents=True)
     d, s = make(tiny, data), Settings(**S)
@@ -405,9 +410,9 @@ def test_offline_alpha_drafts_k_positions_and_leaves_the_draft_as_it_was(tiny, d
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data, kind):
     """On CUDA evaluation reuses the compiled training graph (grad on, training mode): same metrics."""
-    from draftlab.drafts.checks import dropout_free
     from draftlab.training.data import Packs, open_split
-    from draftlab.training.train import evaluate
+    from draftlab.training.device import dropout_free
+    from draftlab.training.forward import evaluate
 
     d = make(tiny, data, kind)
     assert dropout_free(d.model)
@@ -422,11 +427,11 @@ def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data
 
 
 def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, monkeypatch):
-    from draftlab.drafts import checks as draft_checks
+    from draftlab.training import device
 
     d = make(tiny, data)
     run = train(d, data, Settings(**{**S, "steps": 2}), progress=False)
-    monkeypatch.setattr(draft_checks, "forward_is_compiled", lambda: True)  # what CUDA would say
+    monkeypatch.setattr(device, "forward_is_compiled", lambda: True)  # what CUDA would say
     seen = []
     d.model.register_forward_pre_hook(lambda m, _args: seen.append((m.training, torch.is_grad_enabled())))
     d.model.eval()
@@ -435,9 +440,9 @@ def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, monkeypatch):
 
 
 def test_a_draft_with_dropout_is_evaluated_in_eval_mode_without_grad(tiny, data):
-    from draftlab.drafts.checks import dropout_free
     from draftlab.training.data import Packs, open_split
-    from draftlab.training.train import evaluate
+    from draftlab.training.device import dropout_free
+    from draftlab.training.forward import evaluate
 
     d = make(tiny, data)
     seen = []
@@ -534,7 +539,9 @@ def test_a_dict_where_settings_belong_is_named(tiny, tmp_path):
         train(build_eagle3(tiny, None), tmp_path, {"steps": 1})
 
 
-def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_path):
+def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_path, monkeypatch):
+    from draftlab.training import train as train_module
+
     first = train(
         make(tiny, data),
         data,
@@ -544,16 +551,17 @@ def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_
     )
     weights = (first / "final" / "model.safetensors").read_bytes()
     d = make(tiny, data, seed=1)
-    real, calls = d.forward, []
+    real, calls = train_module.forward, []
 
-    def nan_at_step_3(batch, **kw):
+    def nan_at_step_3(draft, batch, **kw):
         calls.append(1)
-        t, loss, m = real(batch, **kw)
+        t, loss, m = real(draft, batch, **kw)
         return t, loss * float("nan") if len(calls) == 3 else loss, m
 
-    d.forward = nan_at_step_3
-    with pytest.raises(DraftlabError, match=r"loss is nan at step 3: .*the earlier run is kept in .*\.previous"):
-        train(d, data, Settings(**{**S, "steps": 6, "checkpoint_every": 5, "eval_every": 5}), first, progress=False)
+    with monkeypatch.context() as patched:
+        patched.setattr(train_module, "forward", nan_at_step_3)  # the training loop's forward
+        with pytest.raises(DraftlabError, match=r"loss is nan at step 3: .*the earlier run is kept in .*\.previous"):
+            train(d, data, Settings(**{**S, "steps": 6, "checkpoint_every": 5, "eval_every": 5}), first, progress=False)
     prev = first / ".previous"
     assert (prev / "final" / "model.safetensors").read_bytes() == weights and (prev / "checkpoints" / "step-2").is_dir()
     again = train(
@@ -609,3 +617,48 @@ def test_compare_reads_both_trainers_checkpoints_on_the_same_packs(tiny, data, s
     assert got["draftlab"]["checkpoint"] == str(run / "final") and got["speculators"]["checkpoint"] == str(root / "2")
     assert all(0.0 <= r["eval first-position accuracy"] <= 1.0 and r["eval loss"] > 0 for r in got.values())
     assert got["draftlab"]["eval loss"] != got["speculators"]["eval loss"]  # different weights, different numbers
+
+
+# The core (top-level modules) and the one stage-01 module training reads: the data's manifest (which
+# verifier, which layer ids, checksums), the contract between stage 01's folders and every later stage.
+HOME = ("draftlab/training/", "draftlab/__init__.py", "draftlab/config.py", "draftlab/progress.py", "draftlab/run.py")
+MANIFEST = "draftlab/data/manifest.py"
+
+
+def test_importing_the_training_entry_point_pulls_in_only_training_and_core():
+    import subprocess
+    import sys
+
+    code = "import sys, draftlab.training.train; print(' '.join(m for m in sys.modules if m.startswith('draftlab')))"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    core = {"draftlab", "draftlab.config", "draftlab.progress", "draftlab.run"}
+    home = core | {"draftlab.data", "draftlab.data.manifest"}  # the package of the manifest, and the manifest
+    away = [m for m in found if m not in home and not m.startswith("draftlab.training")]
+    assert "draftlab.training.train" in found and away == []
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_the_draft_handed_to_train_stays_in_training_and_core_call_by_call(tiny, data, tmp_path, kind):
+    """Every draftlab function `train` runs, traced: all in training/ or the core, except reads of the
+    draft's and its verifier's own attributes (properties of the objects handed in) and the manifest."""
+    import sys
+    from pathlib import Path
+
+    d, root = make(tiny, data, kind), str(Path(__import__("draftlab").__file__).parent.parent) + "/"
+    calls = set()
+
+    def record(frame, event, _arg):
+        path = frame.f_code.co_filename
+        if event == "call" and path.startswith(root):
+            calls.add((path.removeprefix(root), frame.f_code.co_qualname))
+
+    sys.setprofile(record)
+    try:
+        train(d, data, Settings(**{**S, "steps": 2, "eval_every": 1}), tmp_path / "run", progress=False)
+    finally:
+        sys.setprofile(None)
+    away = {(p, f) for p, f in calls if not p.startswith(HOME) and p != MANIFEST}
+    attributes = {("draftlab/drafts/draft.py", f"Draft.{a}") for a in ("attention", "dtype", "device")} | {
+        ("draftlab/data/verifier.py", f"Verifier.{a}") for a in ("hidden_size", "device", "dtype")
+    }
+    assert any(p == "draftlab/training/forward.py" for p, _ in calls) and away <= attributes, sorted(away - attributes)

@@ -160,10 +160,8 @@ def offline_alpha(draft, data_dir: Path, k: int | None = None, max_rows: int = 6
     `k` positions (default: the draft's configured TTT steps): the TTT forward drafts each position
     from the draft's own earlier states, as a chain of k does online, so the offline tau at the online
     k needs no second online run."""
-    from speculators.models.eagle3.data import shift_batch
-    from speculators.train.data import ArrowDataset, CollateFn
-
     from draftlab.data import manifest
+    from draftlab.training.data import collate, rows
 
     if draft.kind != "eagle3":
         raise DraftlabError(f"offline estimate for {draft.kind} is not wired yet; only eagle3.")
@@ -174,16 +172,14 @@ def offline_alpha(draft, data_dir: Path, k: int | None = None, max_rows: int = 6
             f"{draft.model.target_layer_ids}; use the stage-01 data the draft was trained on."
         )
     v = draft.verifier
-    ds = ArrowDataset(max_len=1 << 20, datapath=data_dir, on_missing="raise", hidden_states_dtype=v.dtype)
+    ds = rows(data_dir, 1 << 20, v.dtype)
     sums: dict[str, float] = {}
     positions = {"ttt_steps": k} if k else {}
     for i in range(min(len(ds), max_rows)):
         row = ds[i]
         n = len(row["input_ids"]) - 1
-        collate = CollateFn(
-            n, v.hidden_size, num_target_layers=len(man["layer_ids"]), dtype=v.dtype, preprocess=shift_batch
-        )
-        _, _, m = draft.forward(collate([row]), **positions)
+        batch = collate([row], n, v.hidden_size, len(man["layer_ids"]), v.dtype, shift=True)
+        _, _, m = draft.forward(batch, **positions)
         for key, val in m.items():
             sums[key] = sums.get(key, 0.0) + float(val)
     steps = sorted(int(k.split("_")[2]) for k in sums if k.startswith("cond_acc_") and k.endswith("_sum"))

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 import torch
 
-from draftlab.drafts.attention import eager_flex
 from draftlab.drafts.draft import Draft
+from draftlab.training.attention import eager_flex
 
 
 def parameter_table(model: torch.nn.Module) -> list[dict]:

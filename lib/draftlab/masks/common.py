@@ -75,11 +75,11 @@ def real_pack(datapath, total_len: int, start: int = 0) -> dict:
     """A packed batch of the stage-01 dataset, exactly as training packs it."""
     from pathlib import Path
 
-    from speculators.train.data import ArrowDataset, CollateFn
+    from draftlab.training.data import collate, rows
 
     if not (Path(datapath) / "dataset_info.json").exists():
         raise DraftlabError(f"No stage-01 dataset at {datapath}: run notebook 01 (or `draftlab run --only 01`) first.")
-    ds = ArrowDataset(max_len=total_len, datapath=datapath, on_missing="raise", hidden_states_dtype=torch.float32)
+    ds = rows(datapath, total_len, torch.float32)
     items, used = [], 0
     for i in range(start, len(ds)):
         if used >= total_len:
@@ -88,7 +88,7 @@ def real_pack(datapath, total_len: int, start: int = 0) -> dict:
         used += items[-1]["input_ids"].shape[0]
     hidden = items[0]["verifier_last_hidden_states"].shape[-1]
     n_aux = items[0]["hidden_states"].shape[-1] // hidden
-    return CollateFn(total_len, hidden, n_aux, torch.float32)(items)
+    return collate(items, total_len, hidden, n_aux, torch.float32)
 
 
 def doc_bounds(document_ids: torch.Tensor) -> list[int]:

@@ -1,5 +1,6 @@
 """Checkpoints of a training run: the speculators folder vLLM serves, plus what a resume needs;
-and a saved draft reloaded through speculators, checked to give the same outputs.
+and a saved draft reloaded through speculators, checked as a built draft is (`drafts.validate`) and
+to give the same outputs.
 
 `checkpoints/step-<N>/` holds `save_pretrained`'s `config.json` + `model.safetensors` and a
 `trainer_state.pt` (step, optimizer, scheduler, RNG states, data position, hyper-parameters).
@@ -19,8 +20,7 @@ import numpy as np
 import torch
 
 from draftlab import DraftlabError
-from draftlab.drafts import norms
-from draftlab.drafts.checks import inference
+from draftlab.training.device import inference
 
 if TYPE_CHECKING:
     from draftlab.drafts.draft import Draft
@@ -62,12 +62,16 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def nan_parameters(model: torch.nn.Module) -> list[str]:
+    """Names of floating parameters or buffers holding any NaN (speculators' 'not loaded' marker)."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return [n for n, t in named if t.is_floating_point() and bool(torch.isnan(t).any())]
+
+
 def save(
     run_dir: Path, draft, step: int, optimizer, scheduler, position: tuple[int, int], hp: dict, keep: int = 2
 ) -> Path:
     """Write `checkpoints/step-<step>/` atomically; keep the newest `keep` checkpoints."""
-    from draftlab.drafts.checks import nan_parameters
-
     bad = nan_parameters(draft.model)
     if bad:  # never let a poisoned model overwrite a good checkpoint
         raise DraftlabError(
@@ -158,7 +162,9 @@ def load_model(path: Path, cls, attention: str, device, dtype) -> torch.nn.Modul
 
 def reload(path: Path, like: Draft) -> Draft:
     """Load a saved draft through speculators (`SpeculatorModel.from_pretrained`) and check it (`verify`)."""
-    from draftlab.drafts.draft import Draft, verify
+    from draftlab.drafts import norms
+    from draftlab.drafts.draft import Draft
+    from draftlab.drafts.validate import verify
 
     model = load_model(path, type(like.model), like.attention, like.verifier.device, like.dtype)
     norms.match_verifier_norm(model, like.verifier)
@@ -178,9 +184,11 @@ def saved_dtype(path: Path) -> torch.dtype | None:
 
 def reload_check(like: Draft, path: Path, batch: dict) -> dict:
     """Reload `path` through speculators and run it and `like` on one batch, same seed, same mode
-    (`draft_checks.inference`: on CUDA the compiled training graph, no second compile).
+    (`device.inference`: on CUDA the compiled training graph, no second compile).
     The original is re-run rather than remembered: another code path (hooks under torch.compile)
     rounds differently in bf16, which is not a checkpoint fault."""
+    from draftlab.training.forward import forward
+
     again = reload(path, like)
     state = again.model.state_dict()
     same_tensors = all(torch.equal(t, state[k]) for k, t in like.model.state_dict().items())
@@ -188,7 +196,7 @@ def reload_check(like: Draft, path: Path, batch: dict) -> dict:
     for d in (like, again):
         with inference(d.model), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            outs.append(d.forward(batch))
+            outs.append(forward(d, batch))
     (t1, l1, m1), (t2, l2, m2) = outs
     tokens_same = (
         t1 is None and t2 is None or all(torch.equal(a, b) for a, b in zip(t1, t2, strict=True))
@@ -204,12 +212,13 @@ def compare(paths: dict, like: Draft, eval_dir: Path, pack_len: int) -> dict:
     is chosen on speculators' own 10% split)."""
     from draftlab.training import launch, train
     from draftlab.training.data import Packs, open_split
+    from draftlab.training.forward import evaluate
 
     packs = Packs(like, open_split(like, eval_dir, pack_len), pack_len, 0)
     out = {}
     for name, path in paths.items():
         found = launch.find_checkpoint(path, "last")
-        r = train.evaluate(reload(found, like), packs)
+        r = evaluate(reload(found, like), packs)
         out[name] = {
             "checkpoint": str(found),
             "eval first-position accuracy": train.first_accuracy(like.kind, r),
@@ -217,3 +226,12 @@ def compare(paths: dict, like: Draft, eval_dir: Path, pack_len: int) -> dict:
             **{f"position {k}": a for k, a in train.position_accuracies(like.kind, r).items()},
         }
     return out
+
+
+def check_reload(draft, path: Path, data: Path, pack_len: int) -> dict:
+    """Reload a checkpoint through speculators and compare its outputs with the draft's on one held-out pack."""
+    from draftlab.training.data import Packs, open_split
+
+    return reload_check(
+        draft, path, next(Packs(draft, open_split(draft, Path(data) / "eval", pack_len), pack_len, 0).all())
+    )

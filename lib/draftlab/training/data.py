@@ -2,27 +2,51 @@
 
 Rows come from speculators' `ArrowDataset` (stage-01 folders), are grouped into packs of at most
 `pack_len` tokens by its `MultipackDistributedBatchSamplerV2` (one replica) and packed by its
-`CollateFn`; EAGLE-3 gets speculators' `shift_batch`, as `speculators train` applies it. The
-sampler's order is a pure function of (seed, epoch), so the batch of global step *s* is found by
-walking the epochs' batch counts: a resume needs only the step number, no iterator state.
+`CollateFn` (`collate`, which every stage that packs rows calls); EAGLE-3 gets speculators'
+`shift_batch`, as `speculators train` applies it. The sampler's order is a pure function of (seed,
+epoch), so the batch of global step *s* is found by walking the epochs' batch counts: a resume needs
+only the step number, no iterator state. The pack length is decided here too (`pack_length`): the
+flex BlockMask of EAGLE-3 only fits whole flex blocks.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
 
 from draftlab import DraftlabError
 from draftlab.data import manifest
-from draftlab.drafts import checks
+from draftlab.training.attention import FLEX
+
+# The block speculators' BlockMasks are built with: it calls create_block_mask without BLOCK_SIZE,
+# so torch's default for that parameter (torch keeps the constant itself private).
+FLEX_BLOCK = inspect.signature(create_block_mask).parameters["BLOCK_SIZE"].default
+
+
+def rows(folder: Path, max_len: int, dtype: torch.dtype):
+    """speculators' ArrowDataset over a stage-01 split: rows cut at `max_len` tokens, hidden states in `dtype`."""
+    from speculators.train.data import ArrowDataset
+
+    return ArrowDataset(max_len=max_len, datapath=str(folder), on_missing="raise", hidden_states_dtype=dtype)
+
+
+def collate(items: list, length: int, hidden_size: int, n_layers: int, dtype: torch.dtype, shift: bool = False) -> dict:
+    """Rows of `rows` packed into one [1, length, ...] batch by speculators' CollateFn, as training packs
+    them; `shift=True` first applies EAGLE-3's `shift_batch`, as `speculators train` does."""
+    from speculators.train.data import CollateFn
+
+    preprocess = None
+    if shift:
+        from speculators.models.eagle3.data import shift_batch as preprocess
+    return CollateFn(length, hidden_size, n_layers, dtype, preprocess=preprocess)(items)
 
 
 def open_split(draft, folder: Path, pack_len: int):
     """speculators' ArrowDataset for one stage-01 split, after checking it belongs to this draft."""
-    from speculators.train.data import ArrowDataset
-
     folder = Path(folder)
     man = manifest.read(folder)
     if man is None:
@@ -52,7 +76,7 @@ def open_split(draft, folder: Path, pack_len: int):
         raise DraftlabError(
             f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code)."
         )
-    ds = ArrowDataset(max_len=pack_len, datapath=str(folder), on_missing="raise", hidden_states_dtype=draft.dtype)
+    ds = rows(folder, pack_len, draft.dtype)
     if len(ds) == 0:
         raise DraftlabError(
             f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code)."
@@ -72,19 +96,20 @@ class Packs:
     """Packs of one split in speculators' order: `indices(step)` for training, `all()` for eval."""
 
     def __init__(self, draft, ds, pack_len: int, seed: int):
-        from speculators.train.data import CollateFn
         from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
         self.ds, self.seed = ds, seed
-        self.length, self.why = checks.pack_length(pack_len, draft.kind, draft.attention)
+        self.length, self.why = pack_length(pack_len, draft.kind, draft.attention)
         self.sampler = MultipackDistributedBatchSamplerV2(
             self.length, ds.approx_lengths, num_replicas=1, rank=0, seed=seed
         )
-        preprocess = None
-        if draft.kind == "eagle3":
-            from speculators.models.eagle3.data import shift_batch as preprocess
-        n_layers = len(draft.model.target_layer_ids)
-        self.collate = CollateFn(self.length, draft.verifier.hidden_size, n_layers, draft.dtype, preprocess=preprocess)
+        # (hidden size, aux layers, dtype, EAGLE-3's shift) for `collate`
+        self.shape = (
+            draft.verifier.hidden_size,
+            len(draft.model.target_layer_ids),
+            draft.dtype,
+            draft.kind == "eagle3",
+        )
         self._epochs: dict[int, list] = {}
 
     def epoch(self, epoch: int) -> list:
@@ -102,7 +127,8 @@ class Packs:
         return epoch, step
 
     def batch(self, indices) -> dict:
-        return self.collate([self.ds[int(i)] for i in indices])
+        hidden, n_layers, dtype, shift = self.shape
+        return collate([self.ds[int(i)] for i in indices], self.length, hidden, n_layers, dtype, shift)
 
     def at(self, step: int) -> tuple[dict, tuple[int, int]]:
         epoch, k = self.position(step)
@@ -135,38 +161,51 @@ class Packs:
             yield self.batch(indices)
 
 
-def loader_workers(
-    requested: int | None, device: str, cpus: int | None = None, shm_free: int | None = None
-) -> tuple[int, str]:
-    """How many processes read packs ahead of training, and why.
-
-    Reading a pack (Arrow rows to tensors, then speculators' collate) is Python-bound: on the H200
-    it took about as long as a whole training step, so the GPU waited on it every step. On CUDA
-    worker processes read ahead while the GPU trains; on CPU the cores are the trainer's. Workers
-    hand packs over through /dev/shm, which containers often keep small.
-    """
-    import os
-    import shutil
-
-    if requested is not None:
-        return requested, "as asked (loader_workers)"
-    cpus = cpus or os.cpu_count() or 1
-    if not device.startswith("cuda") or cpus < 4:
-        return 0, "CPU (or few cores): packs are read in the training process, between steps"
-    if shm_free is None:
-        shm_free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
-    if shm_free < 2 << 30:
-        return 0, (
-            f"CUDA, but /dev/shm has {shm_free >> 20} MiB free and worker processes pass packs through it: read in "
-            f"process (give the container more shared memory, e.g. docker --shm-size=8g, to read ahead)"
-        )
-    n = min(4, cpus // 4)
-    return n, f"CUDA: {n} processes read and collate packs while the GPU trains ({cpus} CPUs here)"
-
-
 def tokens(batch: dict) -> int:
     return int((batch["document_ids"] != -1).sum())
 
 
 def supervised(batch: dict) -> int:
     return int(torch.as_tensor(batch["loss_mask"]).sum())
+
+
+def pack_length(max_len: int, kind: str, attn_impl: str) -> tuple[int, str]:
+    """The length to pack batches to, and why.
+
+    EAGLE-3 under flex attention extends its BlockMask once per TTT step with
+    `extend_mask_for_draft_tokens`, which rebuilds it from block counts: its lengths become whole
+    multiples of the flex block (128). A pack of 8191 tokens then meets a mask made for 8192
+    ("block_mask was created for a larger length"). Padding the pack to a multiple of the block
+    makes both agree; the padded tail has document id -1 and no loss.
+    """
+    if kind == "eagle3" and attn_impl == FLEX and max_len % FLEX_BLOCK:
+        padded = -(-max_len // FLEX_BLOCK) * FLEX_BLOCK
+        return padded, f"EAGLE-3 + flex: {max_len} padded to {padded}, a multiple of the {FLEX_BLOCK}-token flex block"
+    return (
+        max_len,
+        "no padding needed" if kind != "eagle3" or attn_impl != FLEX else f"already a multiple of {FLEX_BLOCK}",
+    )
+
+
+def check_pack(batch: dict, kind: str, attn_impl: str) -> None:
+    n = batch["input_ids"].shape[1]
+    want, _ = pack_length(n, kind, attn_impl)
+    if want != n:
+        raise DraftlabError(
+            f"A pack of {n} tokens fails EAGLE-3 with flex attention (its extended BlockMask covers {want}); "
+            f"collate with max_len={want} (draftlab.training.data.pack_length) or pad with pad_batch(batch, {want})."
+        )
+
+
+def pad_batch(batch: dict, length: int) -> dict:
+    """Right-pad a packed [1, T, ...] batch to `length`: zeros, document id -1, no loss."""
+    out = dict(batch)
+    for key, t in batch.items():
+        if not torch.is_tensor(t) or t.dim() < 2 or t.shape[1] >= length:
+            continue
+        fill = -1 if key == "document_ids" else 0
+        pad = t.new_full((t.shape[0], length - t.shape[1], *t.shape[2:]), fill)
+        if key == "position_ids":
+            pad = torch.arange(t.shape[1], length, device=t.device, dtype=t.dtype).expand(t.shape[0], -1)
+        out[key] = torch.cat([t, pad], dim=1)
+    return out

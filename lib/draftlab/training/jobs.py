@@ -29,6 +29,7 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.training import train as tr
+from draftlab.training.checkpoint import check_reload
 
 
 def side_by_side(device: str, runs: int, cpus: int | None = None, requested: bool | None = None) -> tuple[bool, str]:
@@ -52,7 +53,7 @@ def train_drafts(
     drafts: dict, data: Path, settings: tr.Settings, *, side: bool | None = None, progress: bool = True
 ) -> tuple[dict[str, Path], dict[str, float], dict[str, dict]]:
     """Train every draft on `data` (run folders as `train.train` makes them); returns run folders,
-    each run's seconds, and `train.check_reload` of each final checkpoint against the trained draft.
+    each run's seconds, and `checkpoint.check_reload` of each final checkpoint against the trained draft.
     `side` forces the choice `side_by_side` would make."""
     data = Path(data)
     named = {k: d.kind for k, d in drafts.items() if k != d.kind}
@@ -76,7 +77,7 @@ def _train_and_check(d, data: Path, settings: tr.Settings, progress: bool) -> tu
     t0 = time.perf_counter()
     run = tr.train(d, data, settings, progress=progress)
     seconds = time.perf_counter() - t0
-    return run, seconds, tr.check_reload(d, run / "final", data, settings.pack_len)
+    return run, seconds, check_reload(d, run / "final", data, settings.pack_len)
 
 
 def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: bool):

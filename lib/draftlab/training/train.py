@@ -1,8 +1,9 @@
 """Stage 04: short training runs of a draft on stage-01 data, on CPU or one GPU, with resume.
 
-A thin loop around speculators' pieces (its dataset, packing sampler and collate, the model's own
-losses and metrics through `Draft.forward`, `build_optimizers` for AdamW, transformers' cosine
-schedule with warm-up as `speculators train` uses): what it adds is what a notebook needs, a
+A thin loop around speculators' pieces (its dataset, packing sampler and collate in `training.data`,
+the model's own losses and metrics through `training.forward`, `build_optimizers` for AdamW and
+transformers' cosine schedule with warm-up as `speculators train` uses, in `training.settings`):
+what it adds is what a notebook needs, a
 JSONL of metrics per step, held-out evaluation, checkpoints vLLM can load, an exact resume, and
 a stop that names the step when the loss stops being finite. Several GPUs go through
 `speculators train` itself: `torchrun_command` writes that command line, it trains nothing.
@@ -15,59 +16,19 @@ import math
 import shutil
 import time
 from contextlib import closing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from draftlab import DraftlabError
 from draftlab.config import data_dir
-from draftlab.drafts import checks as draft_checks
 from draftlab.training import checkpoint as ckpt
-from draftlab.training.data import Packs, loader_workers, open_split, tokens
+from draftlab.training.data import Packs, open_split, tokens
+from draftlab.training.device import loader_workers
+from draftlab.training.forward import evaluate, forward, normalise
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
-
-# Settings that change how often things happen, not what is trained: free to differ on resume.
-CADENCE = ("eval_every", "checkpoint_every", "eval_packs", "keep_checkpoints", "loader_workers")
-
-
-@dataclass
-class Settings:
-    steps: int = 100
-    learning_rate: float = 1e-3
-    warmup_steps: int = 10
-    pack_len: int = 2048  # tokens per batch (one packed sequence)
-    grad_clip: float = 1.0
-    weight_decay: float = 0.01  # speculators' AdamW default
-    ttt_steps: int = 3  # EAGLE-3
-    ttt_step_loss_decay: float = 1.0  # EAGLE-3
-    n_anchors: int = 512  # DFlash blocks per pack (speculators' max_anchors)
-    seed: int = 0
-    eval_every: int = 50
-    checkpoint_every: int = 50
-    eval_packs: int | None = None  # None: the whole held-out split
-    keep_checkpoints: int = 2
-    loader_workers: int | None = None  # processes reading packs ahead; None: train_data.loader_workers picks
-
-    def __post_init__(self):
-        """Refused here, named, rather than as a ZeroDivisionError deep in the loop."""
-        for name, least in (
-            ("steps", 1),
-            ("eval_every", 1),
-            ("checkpoint_every", 1),
-            ("pack_len", 1),
-            ("warmup_steps", 0),
-            ("keep_checkpoints", 1),
-        ):
-            if getattr(self, name) < least:
-                raise DraftlabError(
-                    f"{name}={getattr(self, name)}: must be at least {least} (the profile key "
-                    f"{'train_steps' if name == 'steps' else name}); an evaluation and a checkpoint "
-                    "are always made at the last step, so a large interval means 'only at the end'."
-                )
-        if not self.learning_rate > 0:
-            raise DraftlabError(f"learning_rate={self.learning_rate}: must be above 0.")
+from draftlab.training.settings import CADENCE, Settings, configure, optimizer_and_schedule
 
 
 def run_folder(dataset_name: str, kind: str) -> Path:
@@ -82,47 +43,6 @@ def final_checkpoint(dataset_name: str, kind: str) -> Path:
             f"no trained {kind} draft at {path}; run notebook 04 (draftlab run --only 04) for dataset {dataset_name!r}."
         )
     return path
-
-
-def configure(draft, s: Settings) -> None:
-    """Per-kind forward options from the settings: TTT steps and decay, or DFlash anchors."""
-    if draft.kind == "eagle3":
-        draft.train_kwargs.update(ttt_steps=s.ttt_steps, ttt_step_loss_decay=s.ttt_step_loss_decay)
-    else:
-        draft.train_kwargs.update(max_anchors=s.n_anchors)
-
-
-def optimizer_and_schedule(draft, s: Settings):
-    from speculators.train.optimizers import build_optimizers
-    from transformers import get_cosine_schedule_with_warmup
-
-    (opt,) = build_optimizers(
-        draft.model, SimpleNamespace(optimizer="adamw", lr=s.learning_rate, weight_decay=s.weight_decay)
-    )
-    return opt, get_cosine_schedule_with_warmup(opt, num_warmup_steps=s.warmup_steps, num_training_steps=s.steps)
-
-
-def normalise(sums: dict) -> dict:
-    from speculators.train.utils import normalize_counted_metrics
-
-    return normalize_counted_metrics({k: float(v) for k, v in sums.items()})
-
-
-def evaluate(draft, packs: Packs, limit: int | None = None, seed: int = 0, reuse_graph: bool | None = None) -> dict:
-    """Held-out metrics, summed over packs before dividing (so each token counts once). RNG is
-    forked and seeded, so DFlash's random anchors are the same at every evaluation and training's
-    random stream is untouched. On CUDA the compiled training graph serves it (`draft_checks.inference`)."""
-    sums: dict = {}
-    n, t0 = 0, time.perf_counter()
-    with torch.random.fork_rng(devices=[]), draft_checks.inference(draft.model, reuse_graph):
-        torch.manual_seed(seed)
-        for batch in packs.all(limit):
-            _, _, m = draft.forward(batch)
-            for k, v in m.items():
-                sums[k] = sums.get(k, 0) + v.detach().float().cpu()
-            n += tokens(batch)
-    seconds = time.perf_counter() - t0
-    return {**normalise(sums), "tokens_per_s": n / seconds, "seconds": seconds}
 
 
 def _log(path: Path, record: dict) -> None:
@@ -214,7 +134,7 @@ def train(
     with closing(batches):  # a stop (NaN, interrupt) ends the loader's worker processes at once
         for batch, position in batches:
             lr = sched.get_last_lr()[0]
-            _, loss, m = draft.forward(batch)
+            _, loss, m = forward(draft, batch)
             if not torch.isfinite(loss):
                 raise DraftlabError(
                     f"loss is {loss.item()} at step {step + 1}: training stopped. "
@@ -295,10 +215,3 @@ def summary(kind: str, records: list[dict]) -> dict:
         "train tokens/s (median)": statistics.median(r["tokens_per_s"] for r in train_rows),
         "first step (s)": train_rows[0].get("seconds", math.nan),
     }
-
-
-def check_reload(draft, path: Path, data: Path, pack_len: int) -> dict:
-    """Reload a checkpoint through speculators and compare its outputs with the draft's on one held-out pack."""
-    return ckpt.reload_check(
-        draft, path, next(Packs(draft, open_split(draft, Path(data) / "eval", pack_len), pack_len, 0).all())
-    )

@@ -1,0 +1,73 @@
+"""What a training run is trained with: its settings, the per-kind forward options they give, and
+AdamW with transformers' cosine schedule with warm-up, as `speculators train` builds them.
+
+`Settings` is checked on construction, so a bad value is named here rather than met as a
+ZeroDivisionError deep in the loop. The settings in `CADENCE` only change how often things happen,
+not what is trained, so they may differ on resume; every other field is part of the run's identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from draftlab import DraftlabError
+
+# Settings that change how often things happen, not what is trained: free to differ on resume.
+CADENCE = ("eval_every", "checkpoint_every", "eval_packs", "keep_checkpoints", "loader_workers")
+
+
+@dataclass
+class Settings:
+    steps: int = 100
+    learning_rate: float = 1e-3
+    warmup_steps: int = 10
+    pack_len: int = 2048  # tokens per batch (one packed sequence)
+    grad_clip: float = 1.0
+    weight_decay: float = 0.01  # speculators' AdamW default
+    ttt_steps: int = 3  # EAGLE-3
+    ttt_step_loss_decay: float = 1.0  # EAGLE-3
+    n_anchors: int = 512  # DFlash blocks per pack (speculators' max_anchors)
+    seed: int = 0
+    eval_every: int = 50
+    checkpoint_every: int = 50
+    eval_packs: int | None = None  # None: the whole held-out split
+    keep_checkpoints: int = 2
+    loader_workers: int | None = None  # processes reading packs ahead; None: device.loader_workers picks
+
+    def __post_init__(self):
+        """Refused here, named, rather than as a ZeroDivisionError deep in the loop."""
+        for name, least in (
+            ("steps", 1),
+            ("eval_every", 1),
+            ("checkpoint_every", 1),
+            ("pack_len", 1),
+            ("warmup_steps", 0),
+            ("keep_checkpoints", 1),
+        ):
+            if getattr(self, name) < least:
+                raise DraftlabError(
+                    f"{name}={getattr(self, name)}: must be at least {least} (the profile key "
+                    f"{'train_steps' if name == 'steps' else name}); an evaluation and a checkpoint "
+                    "are always made at the last step, so a large interval means 'only at the end'."
+                )
+        if not self.learning_rate > 0:
+            raise DraftlabError(f"learning_rate={self.learning_rate}: must be above 0.")
+
+
+def configure(draft, s: Settings) -> None:
+    """Per-kind forward options from the settings: TTT steps and decay, or DFlash anchors."""
+    if draft.kind == "eagle3":
+        draft.train_kwargs.update(ttt_steps=s.ttt_steps, ttt_step_loss_decay=s.ttt_step_loss_decay)
+    else:
+        draft.train_kwargs.update(max_anchors=s.n_anchors)
+
+
+def optimizer_and_schedule(draft, s: Settings):
+    from speculators.train.optimizers import build_optimizers
+    from transformers import get_cosine_schedule_with_warmup
+
+    (opt,) = build_optimizers(
+        draft.model, SimpleNamespace(optimizer="adamw", lr=s.learning_rate, weight_decay=s.weight_decay)
+    )
+    return opt, get_cosine_schedule_with_warmup(opt, num_warmup_steps=s.warmup_steps, num_training_steps=s.steps)
