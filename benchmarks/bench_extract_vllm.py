@@ -25,7 +25,7 @@ from draftlab.config import repo_root
 from draftlab.data import extract_vllm
 from draftlab.data.extract import default_layer_ids, extract
 from draftlab.data.verifier import load_verifier
-from draftlab.serving.server import vllm_version
+from draftlab.serving.command import vllm_version
 
 
 def main():

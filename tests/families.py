@@ -311,11 +311,12 @@ def loop(v, finals: dict[str, Path]) -> dict:
 
 def served(v, run: Path) -> str:
     """vLLM serving the verifier with an EAGLE-3 draft trained on its own answers (so that drafts are accepted):
-    the verifier's greedy text, the checkpoint's aux layers, and a tau within served.GAP_WARN of draftlab's loop
+    the verifier's greedy text, the checkpoint's aux layers, and a tau within compare.GAP_WARN of draftlab's loop
     on the same prompts and k. A family vLLM cannot serve raises DraftlabError with vLLM's root cause."""
     from draftlab.acceptance.evaluate import run_prompts, summarize, verifier_greedy
     from draftlab.acceptance.proposers import load_draft, make_proposer
     from draftlab.drafts.draft import build_eagle3
+    from draftlab.serving import compare, counters
     from draftlab.serving import served as sv
     from draftlab.serving.server import Server
     from draftlab.training.train import Settings, train
@@ -336,6 +337,6 @@ def served(v, run: Path) -> str:
     assert [o["token_ids"] for o in got["outputs"]] == refs, (
         "vLLM's greedy output with the draft differs from the verifier's"
     )
-    tau = sv.served_metrics(got["counts"])["tau"]
-    assert abs(tau / mine["tau"] - 1) <= sv.GAP_WARN, f"vLLM tau {tau:.3f}, draftlab {mine['tau']:.3f}"
-    return f"{OK} greedy identical, tau within {sv.GAP_WARN:.0%}"
+    tau = counters.served_metrics(got["counts"])["tau"]
+    assert abs(tau / mine["tau"] - 1) <= compare.GAP_WARN, f"vLLM tau {tau:.3f}, draftlab {mine['tau']:.3f}"
+    return f"{OK} greedy identical, tau within {compare.GAP_WARN:.0%}"

@@ -7,7 +7,8 @@ import pytest
 
 from draftlab import DraftlabError
 from draftlab.data import extract_vllm
-from draftlab.serving.server import group_members, unavailable, vllm_version
+from draftlab.serving.command import unavailable, vllm_version
+from draftlab.serving.process import group_members
 
 from conftest import random_rows
 

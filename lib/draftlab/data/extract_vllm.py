@@ -34,7 +34,8 @@ from safetensors.torch import load_file
 
 from draftlab import DraftlabError
 from draftlab.data.extract import hidden_states, validate_layer_ids
-from draftlab.serving.server import SERVED_NAME, Server, server_env, unavailable, vllm_executable
+from draftlab.serving.command import SERVED_NAME, server_env, unavailable, vllm_executable
+from draftlab.serving.server import Server
 
 PLUGINS = Path(__file__).resolve().parents[2] / "vllm_plugins"  # imported inside the vLLM environment only
 STOCK, CPU_CONNECTOR = "ExampleHiddenStatesConnector", "DraftlabCPUHiddenStatesConnector"
