@@ -194,7 +194,7 @@ def refusal(name: str, cell: str, err: Exception) -> str:
 
 
 def chat_prompts(v, texts: list[str]) -> list[dict]:
-    from draftlab.data.prompts import _chat_ids
+    from draftlab.data.generate import _chat_ids
 
     return [{"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(texts)]
 
@@ -217,11 +217,11 @@ def extraction(v, run: Path) -> list[int]:
     chat-template prompts and the verifier's own greedy answers (as token ids: a random model's byte tokens do not
     survive decoding to text and back)."""
     from draftlab.acceptance.evaluate import verifier_greedy
-    from draftlab.data import dataset, extract, vocab
+    from draftlab.data import dataset, extract, hooks, vocab
 
     probe = chat_prompts(v, TRAIN_TEXTS[3:4])[0]["ids"]
     every = list(range(v.num_layers))
-    check_slots(v, probe, every, extract.hidden_states(v, [probe], every)[0])
+    check_slots(v, probe, every, hooks.hidden_states(v, [probe], every)[0])
     rows = {}
     for split, texts in (("train", TRAIN_TEXTS), ("eval", EVAL_TEXTS)):
         pairs = [(p["ids"], verifier_greedy(v, p["ids"], N_NEW)) for p in chat_prompts(v, texts)]

@@ -29,7 +29,7 @@ def draft_dir(serve_verifier, tmp_path_factory):
 
 
 def _prompts(v):
-    from draftlab.data.prompts import _chat_ids
+    from draftlab.data.generate import _chat_ids
 
     return [
         {"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(PROMPTS)
