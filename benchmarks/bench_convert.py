@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 CHILD = (
-    "import sys, time; from draftlab.data.verifier import convert_embedded; t = time.perf_counter(); "
+    "import sys, time; from draftlab.data.embedded import convert_embedded; t = time.perf_counter(); "
     "convert_embedded(sys.argv[1], parse_once=sys.argv[2] == '1'); print('SECONDS', time.perf_counter() - t)"
 )
 

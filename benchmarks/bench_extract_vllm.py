@@ -22,10 +22,10 @@ import torch
 from datasets import load_from_disk
 
 from draftlab.config import repo_root
-from draftlab.data import extract_vllm
+from draftlab.data import extract_check, extract_vllm
 from draftlab.data.extract import default_layer_ids, extract
 from draftlab.data.verifier import load_verifier
-from draftlab.serving.server import vllm_version
+from draftlab.serving.command import vllm_version
 
 
 def main():
@@ -82,8 +82,8 @@ def main():
                 "server_start_s": round(s.startup_s, 1),
                 "wall_s": round(time.perf_counter() - t0, 2),
             }
-        res["check_against_files"] = extract_vllm.check(v, rows, tmp / "vllm", layer_ids, reference_dir=tmp / "hf")
-        res["check_against_forward"] = extract_vllm.check(v, rows, tmp / "vllm", layer_ids)
+        res["check_against_files"] = extract_check.check(v, rows, tmp / "vllm", layer_ids, reference_dir=tmp / "hf")
+        res["check_against_forward"] = extract_check.check(v, rows, tmp / "vllm", layer_ids)
 
     c = res["check_against_files"]
     print(

@@ -70,12 +70,13 @@ def main() -> None:
     args.batch = args.batch or [60, 120]
 
     from draftlab.data import prompts
+    from draftlab.data.generate import _chat_ids
     from draftlab.data.verifier import load_verifier
 
     v = load_verifier("smollm2", device=args.device)
     tok = v.tokenizer
     train = [p for p in prompts.load_prompts(*args.prompts[:2], 0.15) if p.split == "train"]
-    seqs = [prompts._chat_ids(tok, p.text) for p in train]
+    seqs = [_chat_ids(tok, p.text) for p in train]
     seqs = [seqs[i % len(seqs)] for i in range(max(max(args.batch), len(seqs)))]
     print(
         "| torch threads | attention | batch | prompt tokens (mean / max) | "
@@ -90,7 +91,7 @@ def main() -> None:
         batch = seqs[:b]
         padded = tok.pad({"input_ids": batch}, padding_side="left", return_tensors="pt").to(
             v.device
-        )  # as prompts.generate_responses
+        )  # as generate_hf.hf_answers
         width = padded["input_ids"].shape[1]
         sample = (
             dict(do_sample=True, temperature=args.sample, top_p=None, top_k=None)

@@ -101,7 +101,7 @@ sharegpt-job)
   set -x
   p="${PROFILE:-gpu}"; py="${PY:-python3}"
   # convert the embedded verifier and hash its weights once, not in two processes at once
-  $py -c 'from draftlab.verifier import fingerprint, resolve_verifier; fingerprint(resolve_verifier("smollm2"))'
+  $py -c 'from draftlab.data.verifier_dir import fingerprint, resolve_verifier; fingerprint(resolve_verifier("smollm2"))'
   # shellcheck disable=SC2086
   $py -m draftlab run --profile "$p" --only 01,04 --run-name "$p-nosharegpt" ${BEFORE:---set n_sharegpt=0 --set extra_samples=5} \
     --set dataset_name="smollm2-$p-nosharegpt" > /tmp/before.log 2>&1 & before=$!
@@ -137,7 +137,7 @@ curve-job)
   install_once
   set -x
   py="${PY:-python3}"; scales="${SCALES:-1 2 4 8 16}"; top="${scales##* }"
-  $py -c 'from draftlab.verifier import fingerprint, resolve_verifier; fingerprint(resolve_verifier("smollm2"))'
+  $py -c 'from draftlab.data.verifier_dir import fingerprint, resolve_verifier; fingerprint(resolve_verifier("smollm2"))'
   pids=()
   for s in $scales; do
     sg=$(( ${BASE_SHAREGPT:-160} * s )); ch=$(( ${BASE_CHAT:-40} * s )); co=$(( ${BASE_CODE:-40} * s ))

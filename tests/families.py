@@ -194,7 +194,7 @@ def refusal(name: str, cell: str, err: Exception) -> str:
 
 
 def chat_prompts(v, texts: list[str]) -> list[dict]:
-    from draftlab.data.prompts import _chat_ids
+    from draftlab.data.generate import _chat_ids
 
     return [{"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(texts)]
 
@@ -217,11 +217,11 @@ def extraction(v, run: Path) -> list[int]:
     chat-template prompts and the verifier's own greedy answers (as token ids: a random model's byte tokens do not
     survive decoding to text and back)."""
     from draftlab.acceptance.evaluate import verifier_greedy
-    from draftlab.data import dataset, extract, vocab
+    from draftlab.data import dataset, extract, hooks, vocab
 
     probe = chat_prompts(v, TRAIN_TEXTS[3:4])[0]["ids"]
     every = list(range(v.num_layers))
-    check_slots(v, probe, every, extract.hidden_states(v, [probe], every)[0])
+    check_slots(v, probe, every, hooks.hidden_states(v, [probe], every)[0])
     rows = {}
     for split, texts in (("train", TRAIN_TEXTS), ("eval", EVAL_TEXTS)):
         pairs = [(p["ids"], verifier_greedy(v, p["ids"], N_NEW)) for p in chat_prompts(v, texts)]
@@ -312,11 +312,12 @@ def loop(v, finals: dict[str, Path]) -> dict:
 
 def served(v, run: Path) -> str:
     """vLLM serving the verifier with an EAGLE-3 draft trained on its own answers (so that drafts are accepted):
-    the verifier's greedy text, the checkpoint's aux layers, and a tau within served.GAP_WARN of draftlab's loop
+    the verifier's greedy text, the checkpoint's aux layers, and a tau within compare.GAP_WARN of draftlab's loop
     on the same prompts and k. A family vLLM cannot serve raises DraftlabError with vLLM's root cause."""
     from draftlab.acceptance.evaluate import run_prompts, summarize, verifier_greedy
     from draftlab.acceptance.proposers import load_draft, make_proposer
     from draftlab.drafts.draft import build_eagle3
+    from draftlab.serving import compare, counters
     from draftlab.serving import served as sv
     from draftlab.serving.server import Server
     from draftlab.training.train import Settings, train
@@ -337,6 +338,6 @@ def served(v, run: Path) -> str:
     assert [o["token_ids"] for o in got["outputs"]] == refs, (
         "vLLM's greedy output with the draft differs from the verifier's"
     )
-    tau = sv.served_metrics(got["counts"])["tau"]
-    assert abs(tau / mine["tau"] - 1) <= sv.GAP_WARN, f"vLLM tau {tau:.3f}, draftlab {mine['tau']:.3f}"
-    return f"{OK} greedy identical, tau within {sv.GAP_WARN:.0%}"
+    tau = counters.served_metrics(got["counts"])["tau"]
+    assert abs(tau / mine["tau"] - 1) <= compare.GAP_WARN, f"vLLM tau {tau:.3f}, draftlab {mine['tau']:.3f}"
+    return f"{OK} greedy identical, tau within {compare.GAP_WARN:.0%}"

@@ -41,7 +41,7 @@ def _generate(v, prompt, n):
 
 def _train_briefly(d, v, steps=60, seed=0):
     """A few quick EAGLE-3 steps on the tiny verifier's own greedy text, for non-trivial acceptance."""
-    from draftlab.data.extract import hidden_states
+    from draftlab.data.hooks import hidden_states
 
     torch.manual_seed(seed)
     tok = v.tokenizer
@@ -106,7 +106,7 @@ def test_greedy_with_eagle3_is_the_verifiers_greedy_output_and_accepts(tiny, eag
 def test_eagle3_proposals_match_speculators_teacher_forced_forward(tiny, eagle):
     """The proposer's cached chain equals speculators' own forward: step 0 everywhere, step 1 where
     the first draft was right (then the TTT step's teacher-forced token is the drafted one)."""
-    from draftlab.data.extract import hidden_states
+    from draftlab.data.hooks import hidden_states
 
     ids = tiny.tokenizer(PROMPTS[0])["input_ids"]
     prop = Eagle3Proposer(eagle.model, tiny.vocab_size)
@@ -234,7 +234,7 @@ def test_greedy_with_dflash_is_the_verifiers_greedy_output(tiny, tmp_path, k):
 def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path):
     """The proposer's block equals speculators' training backbone with one anchor at the same position."""
     from draftlab.acceptance.proposers import DFlashProposer
-    from draftlab.data.extract import hidden_states
+    from draftlab.data.hooks import hidden_states
     from draftlab.drafts.draft import build_dflash
 
     model = build_dflash(tiny, None, block_size=4, num_layers=1).model.eval()

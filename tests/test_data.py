@@ -6,10 +6,10 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.data.dataset import build_rows, save_split, tokenize_conversation
+from draftlab.data.generate import generate_responses
+from draftlab.data.generate_hf import length_batches
 from draftlab.data.prompts import (
     Prompt,
-    generate_responses,
-    length_batches,
     load_prompts,
     read_json_records,
     record_counts,
@@ -162,7 +162,7 @@ def test_generation_resumes_and_refuses_other_settings(tiny, tmp_path):
 
 
 def test_sampled_answers_add_train_rows_only_and_are_resumable(tiny, tmp_path):
-    from draftlab.data.prompts import sample_responses
+    from draftlab.data.generate import sample_responses
 
     ps = load_prompts(5, 2, 0.3)
     train = [p for p in ps if p.split == "train"]

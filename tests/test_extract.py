@@ -12,7 +12,8 @@ import torch
 from draftlab import DraftlabError
 from draftlab.data import manifest
 from draftlab.data.dataset import save_split
-from draftlab.data.extract import default_layer_ids, extract, hidden_states, load_sample, validate_layer_ids
+from draftlab.data.extract import default_layer_ids, extract, load_sample, validate_layer_ids
+from draftlab.data.hooks import hidden_states
 
 from conftest import random_rows
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from draftlab import DraftlabError
-from draftlab.data import extract_vllm
-from draftlab.serving.server import group_members, unavailable, vllm_version
+from draftlab.data import extract_check, extract_vllm
+from draftlab.serving.command import unavailable, vllm_version
+from draftlab.serving.process import group_members
 
 from conftest import random_rows
 
@@ -39,7 +40,7 @@ def test_vllm_hands_out_draftlabs_layers_slot_for_slot(serve_dir, serve_verifier
         info = extract_vllm.extract(s, rows, tmp_path / "vllm", concurrency=3)
     assert s.proc.poll() is not None and group_members(pgid) == [], "the server and its engine processes are gone"
     assert info["rows"] == len(rows) and info["tokens"] == sum(map(len, rows)) and info["tokens_per_s"] > 0
-    got = extract_vllm.check(v, rows, tmp_path / "vllm", LAYER_IDS)
+    got = extract_check.check(v, rows, tmp_path / "vllm", LAYER_IDS)
     assert got["problems"] == [], got
     assert got["layers_match"] and [n["layer"] for n in got["nearest"]] == [*LAYER_IDS, 8]
     assert max(got["max_relative_error"]) < 1e-5, "fp32 both ways"
@@ -53,7 +54,7 @@ def test_the_check_names_a_slot_that_holds_another_layer(serve_dir, serve_verifi
     import torch
     from safetensors.torch import save_file
 
-    from draftlab.data.extract import hidden_states
+    from draftlab.data.hooks import hidden_states
 
     v, rows = serve_verifier, random_rows(serve_verifier.vocab_size, [30, 12])["input_ids"]
     for name, ids in (("shifted", [i + 1 for i in LAYER_IDS]), ("first only", [LAYER_IDS[0]] * 3)):
@@ -65,7 +66,7 @@ def test_the_check_names_a_slot_that_holds_another_layer(serve_dir, serve_verifi
                 {"token_ids": torch.tensor(r), "hidden_states": every[:, [*ids, 8]].contiguous()},
                 hs_dir / f"hs_{i}.safetensors",
             )
-        got = extract_vllm.check(v, rows, tmp_path / name, LAYER_IDS)
+        got = extract_check.check(v, rows, tmp_path / name, LAYER_IDS)
         assert not got["layers_match"]
         assert [n["layer"] for n in got["nearest"]] == [*ids, 8]
         assert any(p.startswith(f"slot 1 (id 4): vLLM's state is nearest to id {ids[1]}") for p in got["problems"]), (

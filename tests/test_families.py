@@ -64,7 +64,7 @@ def family_root(tmp_path_factory):
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family(name, home, family_root):
     from draftlab.data.verifier import load_verifier
-    from draftlab.serving.server import unavailable
+    from draftlab.serving.command import unavailable
 
     from families import build_dir
 

@@ -14,7 +14,7 @@ from draftlab import DraftlabError
 from draftlab.data import generate_vllm
 from draftlab.data.generate import Engine, generate_responses, sample_responses
 from draftlab.data.prompts import Prompt
-from draftlab.serving.server import group_members
+from draftlab.serving.process import group_members
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEXTS = [
@@ -177,7 +177,7 @@ def _working_auto(verifier, monkeypatch, real: str | None) -> Engine:
         monkeypatch.delenv("DRAFTLAB_VLLM")
     else:
         monkeypatch.setenv("DRAFTLAB_VLLM", real)
-    from draftlab.serving.server import unavailable
+    from draftlab.serving.command import unavailable
 
     if unavailable() is not None:
         pytest.skip(f"no working vLLM environment: {unavailable()}")

@@ -9,8 +9,10 @@ import time
 import pytest
 
 from draftlab import DraftlabError
-from draftlab.serving import served
-from draftlab.serving.server import Server, group_members, unavailable, vllm_executable
+from draftlab.serving import compare, counters, served
+from draftlab.serving.command import unavailable, vllm_executable
+from draftlab.serving.process import group_members
+from draftlab.serving.server import Server
 
 PROMPTS = ["hello how are you today", "def add(a, b): return a + b"]
 K, N_NEW = 3, 16
@@ -27,7 +29,7 @@ def draft_dir(serve_verifier, tmp_path_factory):
 
 
 def _prompts(v):
-    from draftlab.data.prompts import _chat_ids
+    from draftlab.data.generate import _chat_ids
 
     return [
         {"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(PROMPTS)
@@ -43,6 +45,53 @@ def test_the_vllm_environment_imports_vllm_and_its_cli_runs():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert unavailable() is None
+
+
+def test_a_draftlab_vllm_that_names_no_executable_is_an_error_naming_it(tiny_dir, tmp_path, monkeypatch):
+    """$DRAFTLAB_VLLM is the user's choice: a wrong one is said, never passed over for .venv-vllm or PATH."""
+    missing = tmp_path / "missing" / "vllm"
+    monkeypatch.setenv("DRAFTLAB_VLLM", str(missing))
+    with pytest.raises(DraftlabError, match=r"DRAFTLAB_VLLM='.*/missing/vllm' does not exist: point it at a `vllm`"):
+        vllm_executable(required=False)
+    assert unavailable().startswith(f"DRAFTLAB_VLLM={str(missing)!r} does not exist")
+    with pytest.raises(DraftlabError, match="DRAFTLAB_VLLM=.* or unset it to use .venv-vllm"):
+        Server(tiny_dir, log_path=tmp_path / "vllm.log")
+    plain = tmp_path / "vllm"
+    plain.write_text("#!/bin/sh\n")  # there, but not executable
+    monkeypatch.setenv("DRAFTLAB_VLLM", str(plain))
+    with pytest.raises(DraftlabError, match=r"DRAFTLAB_VLLM='.*/vllm' is not executable"):
+        vllm_executable()
+
+
+@pytest.mark.parametrize("where", ["a Ctrl-C", "one start"])
+def test_an_interrupt_while_servers_start_together_stops_them_all_at_once(where):
+    """A Ctrl-C, or an interrupt raised in one start, ends the other starts at once instead of waiting for them."""
+    import os
+    import signal
+
+    class Starting:
+        def __init__(self, interrupted: bool):
+            self.interrupted, self.proc = interrupted, None
+
+        def launch(self):
+            self.proc = subprocess.Popen(["sleep", "120"], start_new_session=True)
+
+        def wait_ready(self):
+            if self.interrupted:
+                time.sleep(0.5)
+                if where == "one start":
+                    raise KeyboardInterrupt
+                os.kill(os.getpid(), signal.SIGINT)  # as a terminal or Jupyter sends it: to the main thread
+            while self.proc.poll() is None:  # a slow start, ended only by a stop
+                time.sleep(0.1)
+            raise DraftlabError("stopped while starting")
+
+    servers = {"verifier alone": Starting(False), "eagle3": Starting(True), "dflash": Starting(False)}
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        served.start_together(servers)
+    assert time.monotonic() - t0 < 30, "the stop waited for the other starts"
+    assert all(s.proc.poll() is not None and group_members(s.proc.pid) == [] for s in servers.values())
 
 
 def _engine_processes(verifier_path) -> list:
@@ -76,7 +125,7 @@ def test_served_draft_gives_the_verifiers_greedy_output_and_vllms_counters(serve
     assert alone["counts"]["drafts"] == 0 and run["drafts"] > 0 and run["draft_tokens"] == K * run["drafts"]
     assert len(run["counts"]["per_pos"]) == K and run["tau"] == pytest.approx(1 + run["accepted"] / run["drafts"])
     loop = summarize(run_prompts(v, make_proposer(load_draft(draft_dir, v), v.vocab_size), prompts, K, N_NEW), K)["all"]
-    assert abs(run["tau"] / loop["tau"] - 1) <= served.GAP_WARN, (run, loop)
+    assert abs(run["tau"] / loop["tau"] - 1) <= compare.GAP_WARN, (run, loop)
 
 
 def test_a_missing_checkpoint_is_refused_before_any_process(serve_dir, tmp_path):
@@ -130,14 +179,14 @@ def test_counters_parse_and_per_position_definitions_agree():
         + "\n"
     )
     zero = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_pos": []}
-    m = served.served_metrics(served.delta(zero, served.spec_counters(page)))
+    m = counters.served_metrics(counters.delta(zero, counters.spec_counters(page)))
     assert m["tau"] == pytest.approx(2.2) and m["acceptance_rate"] == pytest.approx(0.4)
     assert m["per_position_unconditional"] == pytest.approx([0.6, 0.4, 0.2])
     assert m["alpha_n"] == pytest.approx([0.6, 4 / 6, 0.5])
     from draftlab.acceptance.speculative import Step, metrics
 
     steps = [Step(3, a, 0) for a in (3, 3, 2, 2, 1, 1, 0, 0, 0, 0)]  # the same 10 passes, as draftlab counts them
-    assert served.loop_unconditional(steps, 3) == pytest.approx(m["per_position_unconditional"])
+    assert counters.loop_unconditional(steps, 3) == pytest.approx(m["per_position_unconditional"])
     assert metrics(steps, 3)["alpha_n"] == pytest.approx(m["alpha_n"]) and metrics(steps, 3)["tau"] == pytest.approx(
         m["tau"]
     )
@@ -163,12 +212,12 @@ def test_a_tau_gap_over_ten_percent_warns_with_the_checks(tiny):
     fake = {"dtype": "float32", "runs": {"verifier alone": {"vllm_prompt_ids": [[1, 2, 3], [4, 9]]}, "eagle3": run}}
     rows = [{"proposer": "eagle3", "draftlab tau": 2.0, "vLLM tau": 1.1, "relative difference": 1.1 / 2.0 - 1}]
     with pytest.warns(
-        served.ServedGapWarning,
+        compare.ServedGapWarning,
         match=r"eagle3: vLLM tau 1.100 vs draftlab 2.000 \(-45%\); "
         r"checks: .*1/2 prompts differ, first at token 1 of p1",
     ):
-        assert served.warn_on_gaps(tiny, prompts, fake, rows) == ["eagle3"]
-    assert served.warn_on_gaps(tiny, prompts, fake, [{**rows[0], "vLLM tau": 1.9, "relative difference": -0.05}]) == []
+        assert compare.warn_on_gaps(tiny, prompts, fake, rows) == ["eagle3"]
+    assert compare.warn_on_gaps(tiny, prompts, fake, [{**rows[0], "vLLM tau": 1.9, "relative difference": -0.05}]) == []
 
 
 def test_the_reason_given_is_vllms_root_cause_not_the_engines_wrapper(tiny_dir, tmp_path):

@@ -5,8 +5,10 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.data.dataset import build_rows
+from draftlab.data.embedded import embedded_gguf
 from draftlab.data.prompts import Prompt
-from draftlab.data.verifier import embedded_gguf, load_verifier, resolve_verifier
+from draftlab.data.verifier import load_verifier
+from draftlab.data.verifier_dir import resolve_verifier
 
 from conftest import make_tokenizer
 
@@ -99,7 +101,7 @@ def test_gguf_is_parsed_once_within_a_conversion_and_gguf_is_restored_after(tmp_
     import gguf
     import numpy as np
 
-    from draftlab.data.verifier import _gguf_parsed_once
+    from draftlab.data.embedded import _gguf_parsed_once
 
     path = tmp_path / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
@@ -156,7 +158,7 @@ def test_the_fingerprint_sees_other_weights_of_the_same_shape_and_is_cached(tiny
 
     from safetensors.torch import load_file, save_file
 
-    from draftlab.data.verifier import fingerprint
+    from draftlab.data.verifier_dir import fingerprint
 
     cache = tmp_path / "digests.json"
     tuned = tmp_path / "tuned"

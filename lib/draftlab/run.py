@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "serve":
-            from draftlab.data.verifier import resolve_verifier
-            from draftlab.serving.server import serve_forever
+            from draftlab.data.verifier_dir import resolve_verifier
+            from draftlab.serving.process import serve_forever
 
             return serve_forever(
                 resolve_verifier(args.verifier), args.draft, args.k, args.dtype, args.device, args.port

@@ -21,7 +21,7 @@ from draftlab.acceptance.speculative import Generation, metrics, speculative_gen
 
 def load_spec_prompts(run_dir: Path, tokenizer, split: str = "bench", n: int | None = None) -> list[dict]:
     """Prompts of one stage-01 split (from prompts.jsonl) as chat-template ids, sources interleaved."""
-    from draftlab.data.prompts import _chat_ids
+    from draftlab.data.generate import _chat_ids
 
     path = Path(run_dir) / "prompts.jsonl"
     if not path.exists():

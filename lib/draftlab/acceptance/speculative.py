@@ -19,7 +19,7 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.acceptance.proposers import Proposal, Proposer, crop
-from draftlab.data.extract import capture
+from draftlab.data.hooks import capture
 
 
 @dataclass

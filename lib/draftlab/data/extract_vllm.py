@@ -1,21 +1,21 @@
-"""Hidden states through vLLM's own engine (speculators' `generate-offline-data` path), checked against draftlab's hooks.
+"""Hidden states through vLLM's own engine (speculators' `generate-offline-data` path).
 
-speculators makes offline training data by sending each row to a `vllm serve` started with the `extract_hidden_states`
-speculative method and vLLM's ExampleHiddenStatesConnector (its scripts/launch_vllm.py): a completion of the row's token
-ids with max_tokens=1; the engine stores the prefill's states of the listed layers in a cache-only layer, the connector
-writes `token_ids [T]` and `hidden_states [T, n, H]` to `<shared_storage_path>/<request>.safetensors` and the path comes
-back in `kv_transfer_params`. That engine is the one a draft is served by, so the layers it hands out are the ones to
-check draftlab's extraction against: `check` gives the relative error of each slot and the verifier layer each vLLM
-slot is nearest to, so wrong layers, or one layer copied into several slots, show in the engine itself.
+speculators makes offline training data by sending each row to a `vllm serve` started with the
+`extract_hidden_states` speculative method and vLLM's ExampleHiddenStatesConnector (its
+scripts/launch_vllm.py): a completion of the row's token ids with max_tokens=1; the engine stores the
+prefill's states of the listed layers in a cache-only layer, the connector writes `token_ids [T]` and
+`hidden_states [T, n, H]` to `<shared_storage_path>/<request>.safetensors` and the path comes back in
+`kv_transfer_params`. `extract_check.check` compares those files with draftlab's own extraction.
 
-Numbering: vLLM's decoders collect the residual stream before layer 0 as id 0 and after layer `idx` as id `idx + 1`, so
-id i is the state entering layer i and id L the last layer's pre-norm output: draftlab's numbering (extract.py), no
-off-by-one. speculators asks for [aux ids..., L]; so does this module, and the files equal draftlab's slot for slot.
+Numbering: vLLM's decoders collect the residual stream before layer 0 as id 0 and after layer `idx` as
+id `idx + 1`, so id i is the state entering layer i and id L the last layer's pre-norm output:
+draftlab's numbering (extract.py), no off-by-one. speculators asks for [aux ids..., L]; so does this
+module, and the files equal draftlab's slot for slot.
 
-CPU builds: the stock connector cannot run there (`connector_problem` says why, from the installed vLLM and torch;
-BENCHMARKS.md has the traceback); `lib/vllm_plugins/draftlab_hs_connector.py` replaces only its pinned-memory copy.
-On a CUDA machine the stock connector is used, with speculators' own server flags.
-"""  # noqa: E501
+CPU builds: the stock connector cannot run there (`connector_problem` says why, from the installed vLLM
+and torch; BENCHMARKS.md has the traceback); `lib/vllm_plugins/draftlab_hs_connector.py` replaces only
+its pinned-memory copy. On a CUDA machine the stock connector is used, with speculators' own server flags.
+"""
 
 from __future__ import annotations
 
@@ -29,12 +29,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_file
-
 from draftlab import DraftlabError
-from draftlab.data.extract import hidden_states, validate_layer_ids
-from draftlab.serving.server import SERVED_NAME, Server, server_env, unavailable, vllm_executable
+from draftlab.data.extract import validate_layer_ids
+from draftlab.serving.command import SERVED_NAME, server_env, unavailable, vllm_executable
+from draftlab.serving.server import Server
 
 PLUGINS = Path(__file__).resolve().parents[2] / "vllm_plugins"  # imported inside the vLLM environment only
 STOCK, CPU_CONNECTOR = "ExampleHiddenStatesConnector", "DraftlabCPUHiddenStatesConnector"
@@ -53,11 +51,11 @@ print(json.dumps(found))
 
 
 @functools.cache
-@functools.cache
 def _probe(exe: str) -> tuple[str | None, str | None]:
-    """(why the stock connector cannot run, why nothing can) for one `vllm` executable: a read of the installed connector's
-    source and one pinned allocation in the vLLM environment's torch (10-30 s here: it imports torch; no server). Kept
-    in data/cache per executable and its modification time, so notebook 01 pays it once per vLLM environment."""  # noqa: E501
+    """(why the stock connector cannot run, why nothing can) for one `vllm` executable: a read of the installed
+    connector's source and one pinned allocation in the vLLM environment's torch (seconds: it imports torch; no
+    server). Kept in data/cache per executable and its modification time, so notebook 01 pays it once per vLLM
+    environment."""
     from draftlab.config import data_dir
 
     cache, key = data_dir() / "cache" / "vllm-extract-probe.json", f"{exe}@{os.stat(exe).st_mtime_ns}"
@@ -185,8 +183,9 @@ def _one(server: Server, ids: list[int], dest: Path) -> None:
 
 def extract(server: Server, rows: list[list[int]], out_dir, concurrency: int = 32) -> dict:
     """`out_dir/hidden_states/hs_{i}.safetensors` for every row through a started `extraction_server`, in speculators'
-    format, `concurrency` requests in flight (speculators' default, 32: on 2 cores 8 gave 169 tokens/s, 32 gave 415);
-    returns rows, tokens, seconds and tokens/s (files moved included)."""
+    format, `concurrency` requests in flight (speculators' default, 32: vLLM batches what is in flight, and
+    fewer make the extraction slower, BENCHMARKS.md "Hidden states through vLLM"); returns rows, tokens,
+    seconds and tokens/s (files moved included)."""
     hs_dir = Path(out_dir) / "hidden_states"
     hs_dir.mkdir(parents=True, exist_ok=True)
     rows = [list(map(int, r)) for r in rows]
@@ -208,77 +207,3 @@ def extract(server: Server, rows: list[list[int]], out_dir, concurrency: int = 3
     }
     (Path(out_dir) / "extract_vllm.json").write_text(json.dumps(info, indent=1))
     return info
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
-
-
-@torch.no_grad()
-def check(
-    verifier,
-    rows: list[list[int]],
-    vllm_dir,
-    layer_ids,
-    reference_dir=None,
-    nearest_row: int = 0,
-    tol: float = 1e-4,
-    batch_size: int = 8,
-) -> dict:
-    """vLLM's files against draftlab's transformers extraction of the same rows.
-
-    Per slot: the largest relative error ||vLLM - draftlab|| / ||draftlab|| over the rows (against `reference_dir`'s files
-    when given, else a forward here), and, for row `nearest_row`, the verifier state (ids 0..L, all of them computed) each
-    vLLM slot is nearest to, with the runner-up, so a slot holding another layer is named. `problems` lists each breach."""  # noqa: E501
-    layer_ids = validate_layer_ids(layer_ids, verifier.num_layers)
-    slots, hs_dir = [*layer_ids, verifier.num_layers], Path(vllm_dir) / "hidden_states"
-    rows = [list(map(int, r)) for r in rows]
-    got = [load_file(hs_dir / f"hs_{i}.safetensors") for i in range(len(rows))]
-    problems = [
-        f"row {i}: vLLM's file has token ids other than the row's"
-        for i, g in enumerate(got)
-        if g["token_ids"].tolist() != rows[i]
-    ]
-    if reference_dir is not None:
-        ref = [
-            load_file(Path(reference_dir) / "hidden_states" / f"hs_{i}.safetensors")["hidden_states"]
-            for i in range(len(rows))
-        ]
-    else:
-        ref = [
-            h
-            for s in range(0, len(rows), batch_size)
-            for h in hidden_states(verifier, rows[s : s + batch_size], layer_ids)
-        ]
-    worst = [0.0] * len(slots)
-    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
-        h = g["hidden_states"]
-        if tuple(h.shape) != tuple(r.shape):
-            problems.append(f"row {i}: vLLM's states are {tuple(h.shape)}, draftlab's {tuple(r.shape)} (slots {slots})")
-            continue
-        worst = [max(w, _rel(h[:, s], r[:, s].to(h.device))) for s, w in enumerate(worst)]
-    every = hidden_states(verifier, [rows[nearest_row]], list(range(verifier.num_layers)))[
-        0
-    ].cpu()  # [T, L+1, H]: ids 0..L
-    h = got[nearest_row]["hidden_states"]
-    nearest, runner_up = [], []
-    for s in range(min(h.shape[1], len(slots))):
-        errs = sorted((_rel(h[:, s], every[:, j]), j) for j in range(every.shape[1]))
-        nearest.append({"layer": errs[0][1], "relative_error": errs[0][0]})
-        runner_up.append({"layer": errs[1][1], "relative_error": errs[1][0]})
-    problems += [
-        f"slot {s} (id {want}): vLLM's state is nearest to id {n['layer']} (relative error {n['relative_error']:.2e})"
-        for s, (want, n) in enumerate(zip(slots, nearest, strict=False))
-        if n["layer"] != want
-    ]
-    problems += [f"slot {s} (id {slots[s]}): relative error {w:.2e} > {tol:g}" for s, w in enumerate(worst) if w > tol]
-    return {
-        "slots": slots,
-        "rows": len(rows),
-        "max_relative_error": worst,
-        "nearest": nearest,
-        "runner_up": runner_up,
-        "nearest_row": nearest_row,
-        "layers_match": [n["layer"] for n in nearest] == slots,
-        "problems": problems,
-    }

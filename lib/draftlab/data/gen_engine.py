@@ -45,7 +45,7 @@ class Engine:
         self.dtype = dtype_name(verifier.dtype) if gen_dtype == "auto" else gen_dtype
         self.name, self.reason = engine, None
         if engine == "auto":
-            from draftlab.serving.server import unavailable, vllm_version
+            from draftlab.serving.command import unavailable, vllm_version
 
             why = unavailable()
             if not why and verifier.device.type == "cuda" and (vllm_version() or "").endswith("+cpu"):

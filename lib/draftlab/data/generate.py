@@ -1,5 +1,5 @@
-"""The verifier's own answers to prompts (stage 01), written by transformers' `generate` or by a real
-`vllm serve` of the same checkpoint (`draftlab.generate_vllm`).
+"""The verifier's own answers to prompts (stage 01), written by transformers' `generate` (`generate_hf`) or
+by a real `vllm serve` of the same checkpoint (`generate_vllm`).
 
 Answers are appended to a jsonl file as they finish, each line with the settings that make its text
 (the verifier's fingerprint, max_new_tokens, temperature, seed, engine, gen_dtype): an interrupted
@@ -7,12 +7,11 @@ run keeps what it finished and resumes, and a file made with other settings is r
 
 `engine`: "hf" (transformers, batches of similar length), "vllm" (a `vllm serve` draftlab starts and
 stops, many requests at once), or "auto": vllm where the vLLM environment works
-(`serve.unavailable()` is None) and can serve this verifier, else hf with the reason printed.
+(`serving.command.unavailable()` is None) and can serve this verifier, else hf with the reason printed.
 `gen_dtype`: "auto" is the dtype the verifier is loaded in, the one that writes the hidden states,
-so the answers are the verifier's own greedy text as training sees it. "bfloat16" with vLLM on this
-CPU is 2.2x vLLM's fp32 but changes most answers (bf16 rounding): on the default profile's 240 prompts
-61 answers were the fp32 text, and 97.9% of their tokens the fp32 verifier's own greedy choice against
-99.55% for fp32 answers (`benchmarks/bench_generate.py --engines`), so it is a choice, not the default.
+so the answers are the verifier's own greedy text as training sees it. "bfloat16" is faster with
+vLLM on CPU but changes most answers (bf16 rounding), and fewer of their tokens are the verifier's
+own greedy choice (BENCHMARKS.md, "Stage 01's engines side by side"), so it is a choice, not the default.
 """
 
 from __future__ import annotations
@@ -23,10 +22,9 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from draftlab import DraftlabError
 from draftlab.data.gen_engine import ENGINES, GEN_DTYPES, Engine, dtype_name, eos_ids, new_tokens  # noqa: F401
+from draftlab.data.generate_hf import hf_answers
 from draftlab.progress import progress_bar
 
 
@@ -34,19 +32,6 @@ def _chat_ids(tok, text: str) -> list[int]:
     return tok.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
     )
-
-
-def length_batches(lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
-    """Consecutive indices of length-sorted rows, cut at `batch_size` rows or when the padded size
-    (rows x longest) would pass `max_tokens`; a row longer than `max_tokens` goes alone."""
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i, n in enumerate(lengths):
-        if cur and (len(cur) == batch_size or (len(cur) + 1) * max(n, lengths[cur[-1]]) > max_tokens):
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    return out + [cur] if cur else out
 
 
 def read_done(path: Path, settings: dict, verifier_dtype: str, requested: str = "") -> dict[str, str]:
@@ -179,47 +164,12 @@ def generate_responses(
 
                 serve_answers(server, todo, seqs, write, max_new_tokens, temperature, seed, concurrency=batch_size)
             else:
-                _hf_answers(
+                hf_answers(
                     engine.hf_verifier(), todo, seqs, write, max_new_tokens, temperature, batch_size, seed, batch_tokens
                 )
         finally:
             engine.stats["generation s"] += time.perf_counter() - t0
     return {p.id: done[p.id] for p in prompts}
-
-
-@torch.no_grad()
-def _hf_answers(
-    v,
-    todo: list,
-    seqs: dict,
-    write,
-    max_new_tokens: int,
-    temperature: float,
-    batch_size: int,
-    seed: int,
-    batch_tokens: int | None,
-) -> None:
-    """transformers' generate over batches of similar length; `write(prompt, new token ids)` per answer."""
-    tok = v.tokenizer
-    torch.manual_seed(seed)
-    cap = batch_tokens or (64 * batch_size if v.device.type == "cpu" else 1 << 40)
-    for rows in length_batches([len(seqs[p.id]) for p in todo], batch_size, cap):
-        batch = [todo[i] for i in rows]
-        padded = tok.pad({"input_ids": [seqs[p.id] for p in batch]}, padding_side="left", return_tensors="pt").to(
-            v.device
-        )
-        width = padded["input_ids"].shape[1]
-        out = v.model.generate(
-            **padded,
-            max_new_tokens=max_new_tokens,
-            do_sample=temperature > 0,
-            temperature=temperature if temperature > 0 else None,
-            top_p=None,
-            top_k=None,
-            pad_token_id=tok.pad_token_id,
-        )
-        for p, row in zip(batch, out[:, width:].tolist(), strict=True):
-            write(p, row)
 
 
 def sample_responses(

@@ -44,7 +44,7 @@ def request_seed(seed: int, prompt_id: str) -> int:
 
 
 def request_body(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> dict:
-    from draftlab.serving.server import SERVED_NAME
+    from draftlab.serving.command import SERVED_NAME
 
     return {
         "model": SERVED_NAME,

@@ -24,9 +24,6 @@ from pathlib import Path
 import yaml
 
 from draftlab import DraftlabError
-
-# The answers moved to draftlab.generate (issue 17); these names stay importable from here.
-from draftlab.data.generate import _chat_ids, generate_responses, length_batches, sample_responses  # noqa: F401
 from draftlab.data.manifest import write_atomic
 
 CODE_TEMPLATE = "Complete the following Python function.\n\n```python\n{prompt}```"

@@ -92,7 +92,7 @@ def checkpoint_freq(counts: list[int], steps: int, every: int, max_saves: int = 
 
 def check_verifier(path) -> Path:
     """The verifier folder speculators reads (config, tokenizer, embeddings, lm_head, norm), absolute."""
-    from draftlab.data.verifier import resolve_verifier
+    from draftlab.data.verifier_dir import resolve_verifier
 
     path = Path(path).expanduser().resolve()
     if not path.is_dir():

@@ -1,0 +1,91 @@
+"""A verifier's directory: which one a spec names, checked before any load, and its fingerprint.
+
+`resolve_verifier` refuses, with the fix, what would fail later or load something else: a path that
+is not a directory, no config.json, no weights or cut ones, an encoder-only checkpoint. The
+fingerprint names a verifier by its config and its weights' contents, so data, drafts and runs
+made for one verifier are never taken for another's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from draftlab import DraftlabError
+from draftlab.config import data_dir
+from draftlab.data.embedded import EMBEDDED, convert_embedded
+from draftlab.data.manifest import write_atomic
+
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+# Heads of encoder models (BERT-style): no next-token logits, so never a verifier.
+ENCODER_SUFFIXES = (
+    "ForMaskedLM",
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+    "ForPreTraining",
+    "ForNextSentencePrediction",
+)
+
+
+def resolve_verifier(spec: str | Path | None) -> Path:
+    """'smollm2' (the default) or a local HF causal-LM directory; checked before any load."""
+    if spec is None or str(spec).lower() in (EMBEDDED, "embedded", "default"):
+        return convert_embedded()
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise DraftlabError(
+            f"verifier={str(spec)!r} is not a directory. Pass 'smollm2' for the embedded default "
+            "or a local HF causal-LM directory holding config.json and *.safetensors."
+        )
+    if not (path / "config.json").exists():
+        raise DraftlabError(f"verifier directory {path} has no config.json; save the model with save_pretrained().")
+    weights = [f for g in WEIGHT_GLOBS for f in sorted(path.glob(g))]
+    if not weights:
+        raise DraftlabError(
+            f"verifier directory {path} has a config.json but no weights (*.safetensors or "
+            "pytorch_model*.bin); copy the weight files next to config.json."
+        )
+    empty = [f.name for f in weights if f.stat().st_size < 8]  # a safetensors file starts with an 8-byte header length
+    if empty:
+        raise DraftlabError(
+            f"verifier directory {path}: weight file(s) {empty} are empty or cut short; copy them again "
+            "from the source checkpoint."
+        )
+    archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+    if archs and all(a.endswith(ENCODER_SUFFIXES) for a in archs):
+        raise DraftlabError(
+            f"verifier {path} is a {archs} checkpoint: draftlab needs a decoder-only causal LM (an "
+            "architecture such as LlamaForCausalLM), whose next-token logits a draft can learn."
+        )
+    return path
+
+
+def fingerprint(path: Path, cache: Path | None = None) -> str:
+    """Identity of a verifier: its config and a digest of each weight file's contents, so a fine-tuned or
+    re-quantised copy with the same config and file sizes is another verifier. Digests are cached by
+    path, size and mtime (`data/cache/weight-digests.json`): a file is read once, not at every load."""
+    h = hashlib.sha256((path / "config.json").read_bytes())
+    for g in WEIGHT_GLOBS:
+        for f in sorted(path.glob(g)):
+            h.update(f"{f.name}:{file_digest(f, cache)}".encode())
+    return h.hexdigest()[:16]
+
+
+def file_digest(f: Path, cache: Path | None = None) -> str:
+    """sha256 of a file, remembered by (resolved path, size, mtime)."""
+    cache = Path(cache or data_dir() / "cache" / "weight-digests.json")
+    st = f.stat()
+    key = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    if key not in known:
+        digest = hashlib.sha256()
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(block)
+        known[key] = digest.hexdigest()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache, json.dumps(known, indent=0))
+    return known[key]

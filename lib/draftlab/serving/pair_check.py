@@ -1,0 +1,76 @@
+"""A draft checkpoint and the verifier it is served with, checked before any process starts.
+
+vLLM reads a speculators checkpoint's own config (its method, aux layers, vocabulary), so a draft
+trained for another verifier would start and then fail, or serve nonsense; `check_pair` refuses it
+first, naming the verifier it was trained for. `speculative_config` is what vLLM is told about it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftlab import DraftlabError
+
+METHODS = {"eagle3": "eagle3", "dflash": "dflash"}  # speculators_model_type -> vLLM's method
+
+
+def draft_config(draft_dir: Path) -> dict:
+    path = Path(draft_dir) / "config.json"
+    if not path.exists():
+        raise DraftlabError(
+            f"no draft checkpoint at {draft_dir} (no config.json): run notebook 04, or pass the "
+            "final/ folder it wrote (data/runs/<dataset_name>/drafts/<kind>/final)."
+        )
+    cfg = json.loads(path.read_text())
+    if cfg.get("speculators_model_type") not in METHODS:
+        raise DraftlabError(
+            f"{path} is a {cfg.get('speculators_model_type')!r} checkpoint; draftlab serves {sorted(METHODS)}."
+        )
+    return cfg
+
+
+def aux_layer_ids(cfg: dict) -> list[int]:
+    """The verifier layers whose outputs a speculators checkpoint reads, as vLLM takes them (EAGLE-3 and
+    DFlash name the key differently; vLLM maps both to its eagle_aux_hidden_state_layer_ids)."""
+    return list(cfg.get("eagle_aux_hidden_state_layer_ids") or cfg.get("aux_hidden_state_layer_ids") or [])
+
+
+def check_pair(verifier_dir: Path, draft_dir: Path) -> dict:
+    """Refuse, before any process starts, a draft whose shapes do not fit this verifier."""
+    cfg = draft_config(draft_dir)
+    vcfg = json.loads((Path(verifier_dir) / "config.json").read_text())
+    vcfg = vcfg.get("text_config", vcfg)
+    layer = cfg["transformer_layer_config"]
+    trained_for = cfg.get("speculators_config", {}).get("verifier", {}).get("name_or_path")
+    target_hidden = cfg.get("target_hidden_size") or layer["hidden_size"]
+    for what, draft_value, verifier_value in (
+        ("hidden size", target_hidden, vcfg["hidden_size"]),
+        ("vocabulary size", layer["vocab_size"], vcfg["vocab_size"]),
+    ):
+        if draft_value != verifier_value:
+            raise DraftlabError(
+                f"draft {draft_dir} has {what} {draft_value}, the verifier {verifier_dir} {verifier_value}: "
+                f"it was trained for another verifier ({trained_for}). Serve it with that verifier, or train a "
+                "draft for this one (notebooks 01 and 04)."
+            )
+    bad = [i for i in aux_layer_ids(cfg) if not 0 <= i <= vcfg["num_hidden_layers"]]
+    if bad:
+        raise DraftlabError(
+            f"draft {draft_dir} reads verifier layers {bad}, but {verifier_dir} has {vcfg['num_hidden_layers']} "
+            f"layers: it was trained for another verifier ({trained_for})."
+        )
+    return cfg
+
+
+def speculative_config(verifier_dir, draft_dir, k: int) -> tuple[dict, dict]:
+    """(the draft's config, vLLM's `--speculative-config` for it at k tokens), the pair checked first."""
+    if not isinstance(k, int) or k < 1:
+        raise DraftlabError(f"k={k!r}: a served draft needs an integer number of speculative tokens >= 1.")
+    cfg = check_pair(verifier_dir, draft_dir)
+    spec = {
+        "method": METHODS[cfg["speculators_model_type"]],
+        "model": str(Path(draft_dir).resolve()),
+        "num_speculative_tokens": k,
+    }
+    return cfg, spec

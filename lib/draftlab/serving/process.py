@@ -1,0 +1,95 @@
+"""The life of a server process: a free port, its own process group, death with the parent, and a stop
+that leaves no member behind.
+
+Every server runs as its own process group (vLLM starts an engine core and workers under its API
+server), so stopping it means the whole group: SIGTERM (vLLM shuts its engine down), then SIGKILL
+to what is left. PR_SET_PDEATHSIG covers the parent's own death, so a killed kernel leaves no
+engine process either.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent dies (Linux), so a killed kernel leaves no server."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of a process group (from /proc); zombies count as gone."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM to the process group `proc` leads (vLLM shuts its engine down), SIGKILL to what is left after
+    `grace_s`; returns once no member is alive."""
+    pgid = proc.pid
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + wait
+        while time.monotonic() < end and (proc.poll() is None or group_members(pgid)):
+            time.sleep(0.2)
+        if proc.poll() is not None and not group_members(pgid):
+            break
+    proc.wait(timeout=10)
+
+
+def stop_groups(procs: list[subprocess.Popen], grace_s: float = 30) -> None:
+    """`stop_group` for several servers at once: every group is sent SIGTERM before any is waited for, so
+    they shut down side by side and the whole stop takes about the slowest one's time."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        stop_group(proc, grace_s)
+
+
+def serve_forever(
+    verifier_dir, draft_dir, k: int = 5, dtype: str = "float32", device: str = "cpu", port: int = 8000
+) -> int:
+    """`draftlab serve`: the same server in the foreground, logging to the terminal, until Ctrl-C or SIGTERM."""
+    import shlex
+
+    from draftlab.serving.command import serve_command, server_env
+
+    cmd = serve_command(verifier_dir, draft_dir, k, dtype, device, port=port)
+    print(shlex.join(cmd), flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the server as Ctrl-C does
+    proc = subprocess.Popen(cmd, env=server_env(), start_new_session=True, preexec_fn=die_with_parent)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        stop_group(proc)
