@@ -53,6 +53,7 @@ import torch
 from draftlab import DraftlabError
 from draftlab.drafts import checks
 from draftlab.drafts.attention import FLEX
+from draftlab.layout import dataset_and_folder
 
 MAX_SAVES = 4  # speculators keeps every save (optimizer state included); draftlab keeps 2
 NUM_WORKERS = 4  # per loader; the validation loader starts as many again
@@ -148,10 +149,10 @@ def speculators_flags(
         "weight-decay": s.weight_decay,
         "scheduler-type": "cosine",
         "scheduler-warmup-steps": s.warmup_steps,
-        "scheduler-total-steps": s.steps,
-        "max-steps": s.steps,
+        "scheduler-total-steps": s.train_steps,
+        "max-steps": s.train_steps,
         "epochs": len(counts),
-        "checkpoint-freq": f"{checkpoint_freq(counts, s.steps, s.checkpoint_every):g}",
+        "checkpoint-freq": f"{checkpoint_freq(counts, s.train_steps, s.checkpoint_every):g}",
         "seed": s.seed,
         "save-path": Path(save_path).resolve(),
     }
@@ -171,7 +172,7 @@ def speculators_flags(
 
 def torchrun_command(
     draft,
-    data: Path,
+    data,
     settings,
     nproc: int,
     save_path: Path | None = None,
@@ -181,14 +182,18 @@ def torchrun_command(
 ) -> list[str]:
     """`torchrun --standalone --nproc-per-node N -m speculators.train <flags>` for this draft and data.
 
-    Checkpoints go to `save_path` (default `<data>/drafts/<kind>/speculators`); a save path that already
+    `data` is a run's `RunLayout` (checkpoints go to its `speculators_save(kind)` unless `save_path` is
+    given), or a stage-01 dataset folder with `save_path` given; a save path that already
     holds epoch folders is refused unless `resume` (speculators would continue that run). Where the
     `torchrun` on PATH is not this Python's, `python -m torch.distributed.run` (the same launcher)."""
     from draftlab.training.data import open_split
 
     if nproc < 1:
         raise DraftlabError(f"nproc={nproc}: need at least one GPU process.")
-    save_path = Path(save_path or Path(data) / "drafts" / draft.kind / "speculators").resolve()
+    data, save_path = dataset_and_folder(
+        data, save_path, lambda lay: lay.speculators_save(draft.kind), "torchrun_command"
+    )
+    save_path = save_path.resolve()
     if (found := epochs_in(save_path)) and not resume:
         raise DraftlabError(
             f"{save_path} already holds speculators epochs {found}: the command would resume that "
@@ -197,7 +202,7 @@ def torchrun_command(
         )
     T, _ = checks.pack_length(settings.pack_len, draft.kind, FLEX)
     lengths = open_split(draft, Path(data) / "train", T).approx_lengths
-    counts = epoch_steps(lengths, T, nproc, settings.seed, settings.steps, train_data_ratio)
+    counts = epoch_steps(lengths, T, nproc, settings.seed, settings.train_steps, train_data_ratio)
     flags = speculators_flags(draft, data, settings, save_path, counts, train_data_ratio, num_workers)
     return [*launcher(), "--standalone", f"--nproc-per-node={nproc}", "-m", "speculators.train", *flags]
 
@@ -268,7 +273,7 @@ def find_checkpoint(save_path, prefer: str = "best") -> Path:
 
 
 def trained_draft(kind_dir) -> Path | None:
-    """What to draft with from one kind's run folder (`data/runs/<dataset>/drafts/<kind>`): draftlab's
+    """What to draft with from one kind's run folder (`RunLayout.draft(kind)`): draftlab's
     `final/` or the checkpoint of speculators' save under `speculators/`, the newer if both; None if neither."""
     kind_dir = Path(kind_dir)
     found = [p for p in (kind_dir / "final", kind_dir / "speculators") if p.is_dir()]
