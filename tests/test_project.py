@@ -164,6 +164,24 @@ def test_two_runs_on_one_dataset_keep_their_own_drafts():
     assert a.stage("05") == ROOT / "outputs" / "a" / "05"
 
 
+def test_shell_scripts_list_each_runs_draft_files_through_the_layout(tmp_path, monkeypatch, capsys):
+    from draftlab.layout import RunLayout, main, runs_on
+
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
+    want = [
+        RunLayout("smollm2-x", run, tmp_path).draft(kind) / "metrics.jsonl"
+        for run in ("a", "b")
+        for kind in ("dflash", "eagle3")
+    ]
+    for f in want:
+        f.parent.mkdir(parents=True)
+        f.write_text("{}\n")
+    RunLayout("smollm2-x", "a", tmp_path).split("train").mkdir(parents=True)  # a dataset folder is not a run
+    assert [r.run_name for r in runs_on("smollm2-x")] == ["a", "b"] and runs_on("smollm2-none") == []
+    main(["smollm2-*", "metrics.jsonl"])
+    assert capsys.readouterr().out.split() == [str(f) for f in want]
+
+
 # A run path spelled outside layout.py: `x / "drafts"`, `"drafts" / kind`, joinpath(.., "drafts"), and in
 # f-strings and shell `{run}/drafts/{kind}`, `$d/drafts/$k`, `drafts/*/` (words in prose are not flagged).
 HAND_BUILT_DRAFTS = re.compile(

@@ -99,14 +99,14 @@ class _DraftShape:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Build(Base, _DraftShape):
+class Build(_DraftShape, Base):
     """Notebook 03: both drafts built, inspected, run forward on one pack, saved and reloaded."""
 
     inspect_pack_len: int  # tokens of the one packed batch 03 runs its forward checks on
 
 
 @dataclass(frozen=True, kw_only=True)
-class Train(Base, _DraftShape):
+class Train(_DraftShape, Base):
     """Notebook 04: each draft trained (the fields of `training.train.Settings` by the same names)."""
 
     n_anchors: int  # DFlash blocks per packed batch

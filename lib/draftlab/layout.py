@@ -102,9 +102,11 @@ def dataset_and_folder(data, folder, pick, what: str) -> tuple[Path, Path]:
 
 def runs_on(dataset_name: str, root: Path | None = None) -> list[RunLayout]:
     """Every run that trained drafts on one dataset (each holds `drafts/<run_name>/`), by name."""
-    probe = RunLayout(dataset_name, "", root or repo_root())
-    found = sorted(p.name for p in probe.drafts.parent.iterdir() if p.is_dir()) if probe.drafts.parent.is_dir() else []
-    return [RunLayout(dataset_name, name, probe.root) for name in found]
+    root = Path(root or repo_root())
+    every = RunLayout(dataset_name, "_", root).drafts.parent  # the folder holding one folder per run
+    return (
+        [RunLayout(dataset_name, p.name, root) for p in sorted(every.iterdir()) if p.is_dir()] if every.is_dir() else []
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     pattern, name = argv or sys.argv[1:]
     for ds in sorted(p.name for p in (repo_root() / "data" / "runs").glob(pattern) if p.is_dir()):
         for lay in runs_on(ds):
-            for kind in sorted(p.name for p in lay.drafts.iterdir() if (p / name).exists()):
+            for kind in sorted(p.name for p in lay.drafts.iterdir() if (p / name).is_file()):
                 print(lay.draft(kind) / name)
 
 

@@ -100,7 +100,7 @@ def optimizer_and_schedule(draft, s: Settings):
     (opt,) = build_optimizers(
         draft.model, SimpleNamespace(optimizer="adamw", lr=s.learning_rate, weight_decay=s.weight_decay)
     )
-    return opt, get_cosine_schedule_with_warmup(opt, num_warmup_steps=s.warmup_steps, num_training_steps=s.steps)
+    return opt, get_cosine_schedule_with_warmup(opt, num_warmup_steps=s.warmup_steps, num_training_steps=s.train_steps)
 
 
 def normalise(sums: dict) -> dict:
