@@ -1,16 +1,17 @@
 """Online tau (tokens per verifier pass) on held-out prompts: the BENCHMARKS.md acceptance target.
 
 Greedy, chain of k, the stage-01 eval split of one dataset; every proposer available: the n-gram
-baseline always, EAGLE-3 / DFlash when stage 04 saved `data/runs/<dataset>/drafts/<kind>/final/` (or
+baseline always, EAGLE-3 / DFlash when stage 04 saved `RunLayout(dataset, run_name).final(kind)` (or
 speculators under torchrun saved `.../<kind>/speculators/`; the newer of the two, `launch.trained_draft`).
     python benchmarks/bench_accept.py --dataset smollm2-default --prompts 32 --k 5
-    python benchmarks/bench_accept.py --dataset smollm2-gpu --device cuda --dtype bfloat16 --prompts 0
+    python benchmarks/bench_accept.py --dataset smollm2-gpu --run-name gpu --device cuda --dtype bfloat16 --prompts 0
 Two datasets' drafts on one prompt set (issue 16's before / after ShareGPT): `--prompts-from` names the
 dataset whose split is measured, so both drafts meet the same prompts.
-    python benchmarks/bench_accept.py --dataset smollm2-gpu-nosharegpt --prompts-from smollm2-gpu --kinds eagle3
+    python benchmarks/bench_accept.py --dataset smollm2-gpu-nosharegpt --run-name gpu-nosharegpt \
+        --prompts-from smollm2-gpu --kinds eagle3
 Any other checkpoint by name (issue 21: a speculators `--save-path` is taken as it is, its checkpoint found):
     python benchmarks/bench_accept.py --dataset smollm2-gpu --kinds ngram \
-        --draft eagle3-speculators=data/runs/smollm2-gpu/drafts/eagle3/speculators
+        --draft eagle3-speculators=data/runs/smollm2-gpu/drafts/gpu/eagle3/speculators
 """
 
 from __future__ import annotations

@@ -107,8 +107,9 @@ sharegpt-job)
     --set dataset_name="smollm2-$p-nosharegpt" > /tmp/before.log 2>&1 & before=$!
   $py -m draftlab run --profile "$p" --only 01,04 > /tmp/after.log 2>&1 || { echo "after failed"; exit 1; }
   wait "$before" || { echo "before failed"; exit 1; }
-  for d in "smollm2-$p-nosharegpt" "smollm2-$p"; do  # the n-gram baseline learns nothing: measured once
-    $py benchmarks/bench_accept.py --dataset "$d" --prompts-from "smollm2-$p" --kinds "$([ "$d" = "smollm2-$p" ] && echo ngram,)eagle3" \
+  for r in "$p-nosharegpt" "$p"; do  # the n-gram baseline learns nothing: measured once
+    d="smollm2-$r"  # each run's dataset_name
+    $py benchmarks/bench_accept.py --dataset "$d" --run-name "$r" --prompts-from "smollm2-$p" --kinds "$([ "$d" = "smollm2-$p" ] && echo ngram,)eagle3" \
       --prompts "${BENCH_PROMPTS:-36}" --max-new-tokens "${BENCH_TOKENS:-96}" --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" \
       --out "/tmp/bench-$d.json"
   done ;;
@@ -150,7 +151,7 @@ curve-job)
   for p in "${pids[@]}"; do wait "$p" || { echo "a curve point failed"; exit 1; }; done
   pids=()
   for s in $scales; do
-    $py benchmarks/bench_accept.py --dataset "smollm2-curve-$s" --prompts-from "smollm2-curve-$top" \
+    $py benchmarks/bench_accept.py --dataset "smollm2-curve-$s" --run-name "curve-$s" --prompts-from "smollm2-curve-$top" \
       --kinds "$([ "$s" = "$top" ] && echo ngram,)eagle3,dflash" --prompts "${BENCH_PROMPTS:-48}" --max-new-tokens "${BENCH_TOKENS:-64}" \
       --device "${DEVICE:-cuda}" --dtype float32 --out "/tmp/bench-smollm2-curve-$s.json" > "/tmp/curve-bench-$s.log" 2>&1 & pids+=($!)
   done

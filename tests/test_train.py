@@ -26,7 +26,7 @@ def home(tmp_path_factory, tiny):
     from conftest import random_rows
 
     root = tmp_path_factory.mktemp("home")
-    run = root / "data" / "runs" / "tiny"
+    run = RunLayout("tiny", "test", root).data
     for split, lengths, seed in (("train", [40, 25, 33, 18, 50, 29, 44, 21, 36, 27], 0), ("eval", [30, 22, 41], 1)):
         ds = dataset.save_split(random_rows(tiny.vocab_size, lengths, seed), tiny.tokenizer, run / split, max_length=64)
         extract.extract(tiny, ds, run / split, IDS, progress=False)
@@ -38,7 +38,7 @@ def home(tmp_path_factory, tiny):
 @pytest.fixture
 def data(home, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_HOME", str(home))
-    return home / "data" / "runs" / "tiny"
+    return RunLayout("tiny", "test", home).data
 
 
 @pytest.fixture
