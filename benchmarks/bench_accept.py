@@ -1,16 +1,17 @@
 """Online tau (tokens per verifier pass) on held-out prompts: the BENCHMARKS.md acceptance target.
 
 Greedy, chain of k, the stage-01 eval split of one dataset; every proposer available: the n-gram
-baseline always, EAGLE-3 / DFlash when stage 04 saved `data/runs/<dataset>/drafts/<kind>/final/` (or
+baseline always, EAGLE-3 / DFlash when stage 04 saved `RunLayout(dataset, run_name).final(kind)` (or
 speculators under torchrun saved `.../<kind>/speculators/`; the newer of the two, `launch.trained_draft`).
     python benchmarks/bench_accept.py --dataset smollm2-default --prompts 32 --k 5
-    python benchmarks/bench_accept.py --dataset smollm2-gpu --device cuda --dtype bfloat16 --prompts 0
+    python benchmarks/bench_accept.py --dataset smollm2-gpu --run-name gpu --device cuda --dtype bfloat16 --prompts 0
 Two datasets' drafts on one prompt set (issue 16's before / after ShareGPT): `--prompts-from` names the
 dataset whose split is measured, so both drafts meet the same prompts.
-    python benchmarks/bench_accept.py --dataset smollm2-gpu-nosharegpt --prompts-from smollm2-gpu --kinds eagle3
+    python benchmarks/bench_accept.py --dataset smollm2-gpu-nosharegpt --run-name gpu-nosharegpt \
+        --prompts-from smollm2-gpu --kinds eagle3
 Any other checkpoint by name (issue 21: a speculators `--save-path` is taken as it is, its checkpoint found):
     python benchmarks/bench_accept.py --dataset smollm2-gpu --kinds ngram \
-        --draft eagle3-speculators=data/runs/smollm2-gpu/drafts/eagle3/speculators
+        --draft eagle3-speculators=data/runs/smollm2-gpu/drafts/gpu/eagle3/speculators
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ import json
 import time
 from pathlib import Path
 
-from draftlab import config
 from draftlab.acceptance.evaluate import hardware, load_spec_prompts, run_prompts, summarize
 from draftlab.acceptance.proposers import NGramProposer, load_draft, make_proposer
 from draftlab.data.verifier import load_verifier
+from draftlab.layout import RunLayout
 from draftlab.training.launch import trained_draft
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", default="smollm2-default")
+    ap.add_argument("--run-name", default="default", help="whose drafts: data/runs/<dataset>/drafts/<run-name>/")
     ap.add_argument("--prompts", type=int, default=32, help="prompts of the split; 0 for all")
     ap.add_argument(
         "--prompts-from", default=None, help="dataset whose prompts.jsonl gives the prompts (default: --dataset)"
@@ -50,12 +52,12 @@ def main():
     )
     args = ap.parse_args()
     v = load_verifier("smollm2", device=args.device, dtype=args.dtype)
-    run_dir = config.data_dir() / "runs" / args.dataset
-    prompts_dir = config.data_dir() / "runs" / (args.prompts_from or args.dataset)
-    prompts = load_spec_prompts(prompts_dir, v.tokenizer, args.split, args.prompts or None)
+    layout = RunLayout(args.dataset, args.run_name)
+    prompt_set = RunLayout(args.prompts_from or args.dataset, args.run_name).prompts
+    prompts = load_spec_prompts(prompt_set, v.tokenizer, args.split, args.prompts or None)
     kinds = args.kinds.split(",")
     proposers = {"ngram": NGramProposer(3)} if "ngram" in kinds else {}
-    paths = {kind: trained_draft(run_dir / "drafts" / kind) for kind in ("eagle3", "dflash") if kind in kinds}
+    paths = {kind: trained_draft(layout.draft(kind)) for kind in ("eagle3", "dflash") if kind in kinds}
     paths = {**{k: p for k, p in paths.items() if p is not None}, **dict(d.split("=", 1) for d in args.draft)}
     drafts = {name: load_draft(path, v) for name, path in paths.items()}
     proposers.update({name: make_proposer(d, v.vocab_size) for name, d in drafts.items()})

@@ -10,26 +10,27 @@ import time
 
 import torch
 
-from draftlab import config
 from draftlab.acceptance.evaluate import hardware, load_spec_prompts, run_all, verifier_greedy
 from draftlab.acceptance.proposers import NGramProposer, load_draft, make_proposer
 from draftlab.data.verifier import load_verifier
+from draftlab.layout import RunLayout
 from draftlab.training.launch import trained_draft
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="smollm2-default")
+    ap.add_argument("--run-name", default="default", help="whose drafts: data/runs/<dataset>/drafts/<run-name>/")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     args = ap.parse_args()
     v = load_verifier("smollm2", device="cpu", dtype="float32")
-    run_dir = config.data_dir() / "runs" / args.dataset
-    prompts = load_spec_prompts(run_dir, v.tokenizer, "bench", args.prompts)
+    layout = RunLayout(args.dataset, args.run_name)
+    prompts = load_spec_prompts(layout.prompts, v.tokenizer, "bench", args.prompts)
     proposers = {"ngram": NGramProposer(3)}
     for kind in ("eagle3", "dflash"):
-        path = trained_draft(run_dir / "drafts" / kind)
+        path = trained_draft(layout.draft(kind))
         if path is not None:
             proposers[kind] = make_proposer(load_draft(path, v), v.vocab_size)
     print(

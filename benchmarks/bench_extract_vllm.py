@@ -25,12 +25,13 @@ from draftlab.config import repo_root
 from draftlab.data import extract_check, extract_vllm
 from draftlab.data.extract import default_layer_ids, extract
 from draftlab.data.verifier import load_verifier
+from draftlab.layout import RunLayout
 from draftlab.serving.command import vllm_version
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=str(repo_root() / "data" / "runs" / "smollm2-ci" / "train"))
+    ap.add_argument("--data", default=str(RunLayout("smollm2-ci", "ci").split("train")))
     ap.add_argument("--verifier", default=str(repo_root() / "data" / "verifiers" / "SmolLM2-135M-Instruct"))
     ap.add_argument("--rows", type=int, default=50)
     ap.add_argument("--layer-ids", type=int, nargs="+", default=None, help="default: EAGLE-3's [2, L//2, L-3]")

@@ -13,9 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftlab import config
 from draftlab.acceptance.evaluate import load_spec_prompts
 from draftlab.data.verifier import load_verifier
+from draftlab.layout import RunLayout
 from draftlab.serving import served
 from draftlab.serving.server import Server
 from draftlab.training.launch import trained_draft
@@ -31,6 +31,7 @@ def generation(v, texts: list[str], max_tokens: int, log: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="smollm2-default")
+    ap.add_argument("--run-name", default="default", help="whose drafts: data/runs/<dataset>/drafts/<run-name>/")
     ap.add_argument("--gen-prompts", type=int, default=96, help="train prompts answered at once for tokens/s")
     ap.add_argument("--gen-tokens", type=int, default=96)
     ap.add_argument("--prompts", type=int, default=8, help="bench prompts for the served section")
@@ -38,11 +39,11 @@ def main() -> None:
     ap.add_argument("--reserved", nargs="+", default=["1", "0"], help=f"values of {KEY} to compare")
     args = ap.parse_args()
     v = load_verifier("smollm2", device="cpu", dtype="float32")
-    run_dir = config.data_dir() / "runs" / args.dataset
-    lines = (run_dir / "prompts.jsonl").read_text().splitlines()
+    layout = RunLayout(args.dataset, args.run_name)
+    lines = layout.prompts.read_text().splitlines()
     texts = [json.loads(line)["text"] for line in lines][: args.gen_prompts]
-    prompts = load_spec_prompts(run_dir, v.tokenizer, "bench", args.prompts)
-    drafts = {k: p for k in ("eagle3", "dflash") if (p := trained_draft(run_dir / "drafts" / k)) is not None}
+    prompts = load_spec_prompts(layout.prompts, v.tokenizer, "bench", args.prompts)
+    drafts = {k: p for k in ("eagle3", "dflash") if (p := trained_draft(layout.draft(k))) is not None}
     logs = Path(tempfile.mkdtemp(prefix="bench-serve-cores-"))
     print(f"logs under {logs}; {len(texts)} prompts x {args.gen_tokens} tokens (bf16); {len(prompts)} bench prompts")
     print("| reserved cores | gen start-up s | gen tok/s | served section s | workloads s (alone, drafts) | vLLM tau |")

@@ -33,10 +33,11 @@ def setup(args):
     from draftlab import config
     from draftlab.data.verifier import load_verifier
     from draftlab.drafts import draft
+    from draftlab.layout import RunLayout
     from draftlab.training import settings, train
 
     p = config.load_profile(args.profile)
-    data = config.data_dir() / "runs" / p["dataset_name"]
+    data = RunLayout(p["dataset_name"], args.profile).data  # the runs here train in --run-dir / --save-path
     v = load_verifier(p["verifier"], device=args.device or p["device"], dtype=args.dtype or p["dtype"])
     torch.manual_seed(p["seed"])
     d = draft.build_eagle3(
@@ -59,7 +60,7 @@ def setup(args):
         "eval_every",
         "checkpoint_every",
     )
-    s = train.Settings(steps=args.steps or p["train_steps"], **{k: p[k] for k in names})
+    s = train.Settings(train_steps=args.steps or p["train_steps"], **{k: p[k] for k in names})
     settings.configure(d, s)
     return data, v, d, s
 
@@ -91,7 +92,7 @@ def run_draftlab(args) -> dict:
     if args.standin:
         standin(d, Path(args.save_path))
     return {
-        "steps": s.steps,
+        "steps": s.train_steps,
         "wall_s": round(wall, 1),
         "first_step_s": round(summ["first step (s)"], 1),
         "tokens_per_s_median": round(summ["train tokens/s (median)"]),

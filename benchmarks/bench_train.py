@@ -47,14 +47,14 @@ def main() -> None:
 
     from loguru import logger
 
-    from draftlab import config
     from draftlab.data import vocab
     from draftlab.data.verifier import load_verifier
     from draftlab.drafts import draft
+    from draftlab.layout import RunLayout
     from draftlab.training import train
 
     logger.remove()
-    data = config.data_dir() / "runs" / args.dataset
+    data = RunLayout(args.dataset, "bench").data  # each measured run trains in a temporary folder
     v = load_verifier("smollm2")
     print(
         f"| {args.kind} | TTT steps | lr | draft vocab | weight decay | loader "
@@ -79,7 +79,7 @@ def main() -> None:
             for f in made:
                 f.unlink()
         s = train.Settings(
-            steps=args.steps,
+            train_steps=args.steps,
             learning_rate=lr,
             warmup_steps=20,
             pack_len=args.pack_len,

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from draftlab import config
 from draftlab.acceptance.evaluate import offline_alpha
 from draftlab.acceptance.proposers import load_draft
 from draftlab.data.verifier import load_verifier
+from draftlab.layout import RunLayout
 from draftlab.training.launch import trained_draft
 
 
@@ -21,15 +21,16 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="+", required=True)
     ap.add_argument("--rows", type=int, default=64, help="eval rows per split (all when fewer)")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--run-name", default="default", help="whose drafts: data/runs/<dataset>/drafts/<run-name>/")
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
     v = load_verifier("smollm2", device=args.device, dtype=args.dtype)
-    runs = config.data_dir() / "runs"
     table = {}
     for trained in args.datasets:
-        d = load_draft(trained_draft(runs / trained / "drafts" / "eagle3"), v)
+        d = load_draft(trained_draft(RunLayout(trained, args.run_name).draft("eagle3")), v)
         table[trained] = {
-            ev: round(offline_alpha(d, runs / ev / "eval", 1, max_rows=args.rows)[0], 4) for ev in args.datasets
+            ev: round(offline_alpha(d, RunLayout(ev, args.run_name).split("eval"), 1, max_rows=args.rows)[0], 4)
+            for ev in args.datasets
         }
     print(
         "| EAGLE-3 trained on | "

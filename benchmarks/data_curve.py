@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from draftlab import config  # noqa: E402
+from draftlab.layout import RunLayout, runs_on  # noqa: E402
 
 KINDS = ("eagle3", "dflash")
 
@@ -40,11 +41,11 @@ def last_eval(metrics: Path) -> dict:
 
 
 def point(name: str, bench_dir: Path) -> dict:
-    run_dir = config.data_dir() / "runs" / name
-    out = {"dataset": name, **train_tokens(run_dir)}
+    runs = runs_on(name)  # each curve point is one run on its own dataset
+    out = {"dataset": name, **train_tokens(RunLayout(name, "").data)}
     for kind in KINDS:
-        metrics = run_dir / "drafts" / kind / "metrics.jsonl"
-        if metrics.exists():
+        metrics = runs[-1].draft(kind) / "metrics.jsonl" if runs else None
+        if metrics is not None and metrics.exists():
             out[f"{kind} eval acc_0"] = last_eval(metrics).get("acc_0")
             out["steps"] = last_eval(metrics).get("step")
     bench = bench_dir / f"bench-{name}.json"

@@ -86,14 +86,14 @@ sharegpt)
   p="${PROFILE:-gpu}"
   # shellcheck disable=SC2046
   tar czf "$out/$p-sharegpt.tar.gz" $(find "outputs/$p" "outputs/$p-nosharegpt" -type f -size -2M) /tmp/bench-*.json \
-    $(ls data/runs/smollm2-"$p"*/drafts/*/metrics.jsonl data/runs/smollm2-"$p"*/prompts.jsonl 2>/dev/null) || true
+    $(${PY:-python3} -m draftlab.layout "smollm2-$p*" metrics.jsonl 2>/dev/null) $(ls data/runs/smollm2-"$p"*/prompts.jsonl 2>/dev/null) || true
   grep -a -A6 "^notebook " /tmp/before.log /tmp/after.log || true
   for f in "outputs/$p-nosharegpt/01/summary.json" "outputs/$p/01/summary.json"; do
     [ -f "$f" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d, default=str)[:1500])" "$f"
   done
   for d in "smollm2-$p-nosharegpt" "smollm2-$p"; do
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d['results']))" "/tmp/bench-$d.json" || true
-    for k in eagle3 dflash; do f=data/runs/$d/drafts/$k/metrics.jsonl; [ -f "$f" ] && { echo "$f"; grep -a '"eval' "$f" | tail -1; }; done
+    for f in $(${PY:-python3} -m draftlab.layout "$d" metrics.jsonl); do echo "$f"; grep -a '"eval' "$f" | tail -1; done
   done
   exit "$(cat "$log.rc")" ;;
 sharegpt-job)
@@ -107,8 +107,9 @@ sharegpt-job)
     --set dataset_name="smollm2-$p-nosharegpt" > /tmp/before.log 2>&1 & before=$!
   $py -m draftlab run --profile "$p" --only 01,04 > /tmp/after.log 2>&1 || { echo "after failed"; exit 1; }
   wait "$before" || { echo "before failed"; exit 1; }
-  for d in "smollm2-$p-nosharegpt" "smollm2-$p"; do  # the n-gram baseline learns nothing: measured once
-    $py benchmarks/bench_accept.py --dataset "$d" --prompts-from "smollm2-$p" --kinds "$([ "$d" = "smollm2-$p" ] && echo ngram,)eagle3" \
+  for r in "$p-nosharegpt" "$p"; do  # the n-gram baseline learns nothing: measured once
+    d="smollm2-$r"  # each run's dataset_name
+    $py benchmarks/bench_accept.py --dataset "$d" --run-name "$r" --prompts-from "smollm2-$p" --kinds "$([ "$d" = "smollm2-$p" ] && echo ngram,)eagle3" \
       --prompts "${BENCH_PROMPTS:-36}" --max-new-tokens "${BENCH_TOKENS:-96}" --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" \
       --out "/tmp/bench-$d.json"
   done ;;
@@ -130,7 +131,7 @@ curve)
   fi
   # shellcheck disable=SC2046
   tar czf "$out/curve.tar.gz" outputs/curve /tmp/bench-smollm2-curve-*.json /tmp/curve-*.log \
-    $(ls data/runs/smollm2-curve-*/drafts/*/metrics.jsonl outputs/curve-*/01/summary.json 2>/dev/null) || true
+    $(${PY:-python3} -m draftlab.layout "smollm2-curve-*" metrics.jsonl 2>/dev/null) $(ls outputs/curve-*/01/summary.json 2>/dev/null) || true
   tail -n 30 "$log"
   exit "$(cat "$log.rc")" ;;
 curve-job)
@@ -150,7 +151,7 @@ curve-job)
   for p in "${pids[@]}"; do wait "$p" || { echo "a curve point failed"; exit 1; }; done
   pids=()
   for s in $scales; do
-    $py benchmarks/bench_accept.py --dataset "smollm2-curve-$s" --prompts-from "smollm2-curve-$top" \
+    $py benchmarks/bench_accept.py --dataset "smollm2-curve-$s" --run-name "curve-$s" --prompts-from "smollm2-curve-$top" \
       --kinds "$([ "$s" = "$top" ] && echo ngram,)eagle3,dflash" --prompts "${BENCH_PROMPTS:-48}" --max-new-tokens "${BENCH_TOKENS:-64}" \
       --device "${DEVICE:-cuda}" --dtype float32 --out "/tmp/bench-smollm2-curve-$s.json" > "/tmp/curve-bench-$s.log" 2>&1 & pids+=($!)
   done
@@ -246,10 +247,10 @@ run)
   # $OUT takes at most 8 files, 16 MiB each: one archive of the small outputs (summaries, metrics,
   # figures of a few hundred KB, training curves), named for the notebooks run.
   tar czf "$out/${PROFILE:-gpu}-$tag.tar.gz" $(find "outputs/${PROFILE:-gpu}" -type f -size -2M) \
-    $(ls data/runs/smollm2-"${PROFILE:-gpu}"/drafts/*/metrics.jsonl 2>/dev/null) || true
+    $(${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" metrics.jsonl 2>/dev/null) || true
   grep -a -A12 "^notebook " "$log" || tail -c 3000 "$log"
   if [ "$(cat "$log.rc")" != 0 ]; then  # a training run side by side logs in its own process
-    for f in data/runs/smollm2-"${PROFILE:-gpu}"/drafts/*/job/log.txt; do [ -f "$f" ] && { echo "== $f"; tail -c 2000 "$f"; }; done
+    for f in $(${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" job/log.txt); do echo "== $f"; tail -c 2000 "$f"; done
   fi
   for nb in ${nbs//,/ }; do python3 benchmarks/cell_times.py outputs/"${PROFILE:-gpu}"/"$nb"_*.ipynb || true; done
   for f in outputs/"${PROFILE:-gpu}"/0?/summary.json outputs/"${PROFILE:-gpu}"/05/metrics.json; do

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from draftlab.layout import RunLayout
+
 CELLS = ("extraction", "draft", "train", "loop", "vLLM")
 OK = "✓"
 K, N_NEW = 3, 16
@@ -278,12 +280,12 @@ def training(built: dict, run: Path) -> dict[str, Path]:
     from draftlab.training.train import Settings, read_metrics, train
 
     s = Settings(
-        steps=2, learning_rate=1e-3, warmup_steps=1, pack_len=128, eval_every=2, checkpoint_every=2, n_anchors=8
+        train_steps=2, learning_rate=1e-3, warmup_steps=1, pack_len=128, eval_every=2, checkpoint_every=2, n_anchors=8
     )
     finals = {}
     for kind, d in built.items():
         before = {n: p.detach().clone() for n, p in d.model.named_parameters() if p.requires_grad}
-        folder = train(d, run, s, run / "drafts" / kind, progress=False)
+        folder = train(d, RunLayout(run.name, "families", run.parents[2]), s, progress=False)  # run: data/runs/<name>
         losses = [r["loss"] for r in read_metrics(folder)]
         assert len(losses) == 3 and all(math.isfinite(x) for x in losses), f"{kind}: losses {losses}"
         moved = [n for n, p in d.model.named_parameters() if n in before and not torch.equal(p, before[n])]
@@ -323,11 +325,9 @@ def served(v, run: Path) -> str:
     from draftlab.training.train import Settings, train
 
     torch.manual_seed(0)
-    s = Settings(steps=60, learning_rate=3e-3, warmup_steps=5, pack_len=128, eval_every=60, checkpoint_every=60)
-    final = (
-        train(build_eagle3(v, run / "train", num_layers=1), run, s, run / "drafts" / "eagle3-served", progress=False)
-        / "final"
-    )
+    s = Settings(train_steps=60, learning_rate=3e-3, warmup_steps=5, pack_len=128, eval_every=60, checkpoint_every=60)
+    served_run = RunLayout(run.name, "families-served", run.parents[2])  # run: data/runs/<name>
+    final = train(build_eagle3(v, run / "train", num_layers=1), served_run, s, progress=False) / "final"
     prompts = chat_prompts(v, TRAIN_TEXTS[:3])
     refs = [verifier_greedy(v, p["ids"], N_NEW) for p in prompts]
     mine = summarize(run_prompts(v, make_proposer(load_draft(final, v), v.vocab_size), prompts, K, N_NEW), K)["all"]

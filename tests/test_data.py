@@ -78,12 +78,12 @@ def test_stage_05_reads_each_split_from_the_prompt_set(tmp_path, tiny):
 
     ps = load_prompts(10, 10, 0.25, 30, 0.2)
     write_prompt_set(ps, tmp_path / "prompts.jsonl")
-    bench = load_spec_prompts(tmp_path, tiny.tokenizer, "bench")
+    bench = load_spec_prompts(tmp_path / "prompts.jsonl", tiny.tokenizer, "bench")
     assert sorted(p["id"] for p in bench) == sorted(p.id for p in ps if p.split == "bench")
     assert all(p["ids"] for p in bench)
     with pytest.raises(DraftlabError, match="holds no 'bench' prompts; .*bench_fraction"):
         write_prompt_set([p for p in ps if p.split != "bench"], tmp_path / "prompts.jsonl")
-        load_spec_prompts(tmp_path, tiny.tokenizer, "bench")
+        load_spec_prompts(tmp_path / "prompts.jsonl", tiny.tokenizer, "bench")
 
 
 def test_empty_or_oversized_prompt_sets_are_refused():

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from draftlab.layout import RunLayout
+
 from families import CELLS, FAMILIES, OK, drafts, extraction, loop, refusal, served, training
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +71,7 @@ def test_family(name, home, family_root):
     from families import build_dir
 
     fam, cells = FAMILIES[name], RESULTS.setdefault(name, dict.fromkeys(CELLS))
-    run, out = home / "data" / "runs" / name, {}
+    run, out = RunLayout(name, "families", home).data, {}
 
     def extract():
         out["v"] = load_verifier(build_dir(name, family_root), device="cpu", dtype="float32")

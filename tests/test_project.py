@@ -1,7 +1,9 @@
 import ast
+import dataclasses
 import json
 import os
 import re
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -81,13 +83,151 @@ def test_notebooks_are_committed_stripped_and_well_formed(path):
     _parameters(nb)
 
 
-def test_profiles_define_only_known_parameters():
-    known = set().union(*(_parameters(json.loads(p.read_text())) for p in NOTEBOOKS))
-    keys = {}
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_parameters_cell_holds_only_profile_run_name_and_overrides(path):
+    """Values live in the profile YAMLs only: a default in a notebook would drift from the profile (01 with its
+    own extra_samples=0 rewrote the ci data the ci profile made with 1). JupyterLab opens on the ci profile."""
+    cell = next(c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    assert _parameters(json.loads(path.read_text())) == {"profile": "ci", "run_name": "ci", "overrides": {}}
+    assert len("".join(cell["source"]).splitlines()) < 10
+    code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+    assert f'config.start_stage("{path.name[:2]}", profile, run_name, overrides)' in code
+
+
+def test_profiles_set_exactly_the_keys_the_stages_read():
+    from draftlab.config import STAGES, Base, load_profile, stage_fields
+    from draftlab.training.train import Settings
+
     for name in ("ci", "default", "gpu"):
-        keys[name] = set(yaml.safe_load((ROOT / "notebooks" / "params" / f"{name}.yaml").read_text()))
-        assert keys[name] <= known, f"{name}.yaml sets parameters no notebook declares: {keys[name] - known}"
-    assert keys["ci"] == keys["default"] == keys["gpu"], "profiles must set the same parameters"
+        keys = set(yaml.safe_load((ROOT / "notebooks" / "params" / f"{name}.yaml").read_text()))
+        assert keys == set(stage_fields()), (
+            f"{name}.yaml: extra {keys - set(stage_fields())}, missing {set(stage_fields()) - keys}"
+        )
+        load_profile(name)  # types too
+    for stage, cls in STAGES.items():  # a stage's own fields are the ones its notebook reads (as cfg.NAME)
+        nb = next(p for p in NOTEBOOKS if p.name.startswith(stage))
+        code = "".join(
+            "".join(c["source"]) for c in json.loads(nb.read_text())["cells"][2:] if c["cell_type"] == "code"
+        )
+        shared = {f.name for f in dataclasses.fields(Base)}  # every stage has them, not every stage reads each
+        picked = {f.name for f in dataclasses.fields(Settings)} if "cfg.pick(train.Settings)" in code else set()
+        unused = [
+            f.name for f in dataclasses.fields(cls) if f.name not in shared | picked and f"cfg.{f.name}" not in code
+        ]
+        assert not unused, f"{nb.name} never reads {unused}: drop them from stage {stage} ({cls.__name__})"
+
+
+def test_stage_config_refuses_unknown_missing_and_mistyped_keys_and_writes_what_it_resolved(tmp_path, monkeypatch):
+    from draftlab import DraftlabError
+    from draftlab.config import Train, load_stage, start_stage, upstream
+
+    home = tmp_path / "home"
+    shutil.copytree(ROOT / "notebooks" / "params", home / "notebooks" / "params")
+    monkeypatch.setenv("DRAFTLAB_HOME", str(home))
+    cfg = load_stage("04", "ci", {"train_steps": 8})
+    assert isinstance(cfg, Train) and cfg.train_steps == 8 and cfg.pack_len == 1024 and not hasattr(cfg, "n_chat")
+    with pytest.raises(
+        DraftlabError, match="overrides: no stage reads a parameter 'train_step'; did you mean 'train_steps'"
+    ):
+        load_stage("04", "ci", {"train_step": 8})
+    with pytest.raises(DraftlabError, match="stage '06': pick one of"):
+        load_stage("06", "ci")
+    ci = (home / "notebooks" / "params" / "ci.yaml").read_text()
+    (home / "notebooks" / "params" / "short.yaml").write_text(ci.replace("spec_ngram_max: 3\n", ""))
+    with pytest.raises(DraftlabError, match=r"short.yaml lacks spec_ngram_max \(read by stage 05\): add them"):
+        load_stage("01", "short")
+    (home / "notebooks" / "params" / "typo.yaml").write_text(ci.replace("seed: 0", "seed: zero"))
+    with pytest.raises(DraftlabError, match="typo.yaml: seed='zero' is a str, but the stages expect int"):
+        load_stage("01", "typo")
+
+    first, layout = start_stage("01", "ci", "a", {"extra_samples": 3})
+    saved = json.loads(layout.resolved_config("01").read_text())
+    assert saved["config"]["extra_samples"] == 3 and saved["overrides"] == {"extra_samples": 3}
+    assert layout.resolved_config("01").parent == layout.data  # 01's lies in the dataset every run reads
+    later, layout_b = start_stage("04", "ci", "b")
+    assert upstream("01", layout_b, later)["draft_vocab_size"] == first.draft_vocab_size
+    assert layout_b.resolved_config("04") == home / "outputs" / "b" / "04" / "config.json"
+    assert layout_b.resolved_config("04").exists()
+    with pytest.raises(DraftlabError, match="verifier='other' here, but stage 01 ran with verifier='smollm2'"):
+        upstream("01", layout_b, dataclasses.replace(later, verifier="other"))
+    with pytest.raises(DraftlabError, match="no resolved config of stage 04 .* run notebook 04"):
+        upstream("04", type(layout_b)(layout_b.dataset_name, "c"), later)
+
+
+def test_two_runs_on_one_dataset_keep_their_own_drafts():
+    from draftlab.layout import RunLayout
+
+    a, b = RunLayout("smollm2-ci", "a", ROOT), RunLayout("smollm2-ci", "b", ROOT)
+    assert a.data == b.data == ROOT / "data" / "runs" / "smollm2-ci" and a.prompts == b.prompts
+    assert a.draft("eagle3") != b.draft("eagle3") and a.final("eagle3").parent == a.draft("eagle3")
+    assert a.draft("eagle3") == ROOT / "data" / "runs" / "smollm2-ci" / "drafts" / "a" / "eagle3"
+    assert a.stage("05") == ROOT / "outputs" / "a" / "05"
+
+
+def test_shell_scripts_list_each_runs_draft_files_through_the_layout(tmp_path, monkeypatch, capsys):
+    from draftlab.layout import RunLayout, main, runs_on
+
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
+    want = [
+        RunLayout("smollm2-x", run, tmp_path).draft(kind) / "metrics.jsonl"
+        for run in ("a", "b")
+        for kind in ("dflash", "eagle3")
+    ]
+    for f in want:
+        f.parent.mkdir(parents=True)
+        f.write_text("{}\n")
+    RunLayout("smollm2-x", "a", tmp_path).split("train").mkdir(parents=True)  # a dataset folder is not a run
+    assert [r.run_name for r in runs_on("smollm2-x")] == ["a", "b"] and runs_on("smollm2-none") == []
+    main(["smollm2-*", "metrics.jsonl"])
+    assert capsys.readouterr().out.split() == [str(f) for f in want]
+
+
+# A run path spelled outside layout.py: `x / "drafts"`, `"drafts" / kind`, joinpath(.., "drafts"), and in
+# f-strings and shell `{run}/drafts/{kind}`, `$d/drafts/$k`, `drafts/*/` (words in prose are not flagged).
+HAND_BUILT_DRAFTS = re.compile(
+    r"""/\s*["']drafts["']|["']drafts["']\s*/|(?:joinpath|join|Path)\([^)\n]*["']drafts["']"""
+    r"""|drafts/[$*{]|(?:\$\{?\w+\}?|\}|\*)/drafts\b"""
+)
+
+
+def hand_built_draft_paths(root: Path) -> list[str]:
+    """file:line of every hand-built drafts path under lib, notebooks (code cells), benchmarks and tests (but
+    layout.py, which names them, and this file, which holds the patterns and samples of them)."""
+    found = []
+    for path in sorted(p for d in ("lib", "notebooks", "benchmarks", "tests") for p in (root / d).rglob("*")):
+        if path.name in ("layout.py", "test_project.py") or path.suffix not in (".py", ".sh", ".ipynb"):
+            continue
+        if path.suffix == ".ipynb":  # code cells only, as path:cell N:line
+            cells = enumerate(json.loads(path.read_text())["cells"])
+            lines = [
+                (f"cell {n}:{i}", line)
+                for n, c in cells
+                if c["cell_type"] == "code"
+                for i, line in enumerate("".join(c["source"]).splitlines(), 1)
+            ]
+        else:
+            lines = list(enumerate(path.read_text().splitlines(), 1))
+        found += [
+            f"{path.relative_to(root)}:{at}: {line.strip()}" for at, line in lines if HAND_BUILT_DRAFTS.search(line)
+        ]
+    return found
+
+
+def test_every_drafts_path_comes_from_the_run_layout():
+    """Two runs on one dataset overwrote each other's drafts while five files spelled the path by hand."""
+    for spelled in (
+        'data / "drafts" / kind',
+        "Path(run, 'drafts')",
+        'f"{run}/drafts/{kind}"',
+        "data/runs/$d/drafts/$k/x",
+        "ls data/runs/x*/drafts/*/metrics.jsonl",
+        '"drafts" / kind',
+    ):
+        assert HAND_BUILT_DRAFTS.search(spelled), spelled
+    for prose in ('"drafts": n', 'counts["drafts"]', "run folders under drafts/<run_name>/<kind>", "vLLM drafts"):
+        assert not HAND_BUILT_DRAFTS.search(prose), prose
+    found = hand_built_draft_paths(ROOT)
+    assert not found, "name these through draftlab.layout.RunLayout:\n" + "\n".join(found)
 
 
 FAILING = {
@@ -96,7 +236,7 @@ FAILING = {
             "id": "c1",
             "cell_type": "code",
             "metadata": {"tags": ["parameters"]},
-            "source": "x = 1",
+            "source": 'profile = "ci"\nrun_name = "ci"\noverrides = {}',
             "outputs": [],
             "execution_count": None,
         },
@@ -104,7 +244,7 @@ FAILING = {
             "id": "c2",
             "cell_type": "code",
             "metadata": {},
-            "source": "y = x + 1",
+            "source": 'y = overrides["seed"] + 1',
             "outputs": [],
             "execution_count": None,
         },
@@ -126,8 +266,7 @@ FAILING = {
 def test_run_stops_at_the_first_failure_naming_notebook_and_cell(tmp_path, monkeypatch):
     from draftlab.run import NotebookFailed, main, run
 
-    (tmp_path / "notebooks" / "params").mkdir(parents=True)
-    (tmp_path / "notebooks" / "params" / "ci.yaml").write_text("x: 41\n")
+    shutil.copytree(ROOT / "notebooks" / "params", tmp_path / "notebooks" / "params")
     ok = json.loads(json.dumps(FAILING))
     ok["cells"] = ok["cells"][:2]
     (tmp_path / "notebooks" / "01_pass_first.ipynb").write_text(json.dumps(ok))
@@ -135,14 +274,14 @@ def test_run_stops_at_the_first_failure_naming_notebook_and_cell(tmp_path, monke
     (tmp_path / "notebooks" / "03_never_run.ipynb").write_text(json.dumps(ok))
     monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
     with pytest.raises(NotebookFailed, match=r"02_fail_here.ipynb failed in cell 3 .*ValueError: boom 42"):
-        run("ci")
+        run("ci", overrides={"seed": 41})  # papermill passes the overrides to each notebook
     summary = json.loads((tmp_path / "outputs" / "ci" / "summary.json").read_text())
     assert [(s["notebook"], s["status"]) for s in summary] == [
         ("01_pass_first.ipynb", "ok"),
         ("02_fail_here.ipynb", "failed"),
     ]
     assert not (tmp_path / "outputs" / "ci" / "03_never_run.ipynb").exists()
-    assert main(["run", "--profile", "ci", "--only", "1", "--run-name", "one"]) == 0
+    assert main(["run", "--profile", "ci", "--only", "1", "--run-name", "one", "--set", "seed=1"]) == 0
     assert (tmp_path / "outputs" / "one" / "01_pass_first.ipynb").exists()
     assert main(["run", "--profile", "nope"]) == 1
 
@@ -150,14 +289,13 @@ def test_run_stops_at_the_first_failure_naming_notebook_and_cell(tmp_path, monke
 def test_a_stuck_cell_fails_the_run_in_bounded_time_naming_the_cell(tmp_path, monkeypatch):
     from draftlab.run import NotebookFailed, run
 
-    (tmp_path / "notebooks" / "params").mkdir(parents=True)
-    (tmp_path / "notebooks" / "params" / "ci.yaml").write_text("x: 1\n")
+    shutil.copytree(ROOT / "notebooks" / "params", tmp_path / "notebooks" / "params")
     stuck = json.loads(json.dumps(FAILING))
     stuck["cells"][2]["source"] = "import time\ntime.sleep(600)"
     (tmp_path / "notebooks" / "01_stuck.ipynb").write_text(json.dumps(stuck))
     monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
     with pytest.raises(NotebookFailed, match=r"01_stuck.ipynb failed in cell 3 .*no reply within 3 s.*--cell-timeout"):
-        run("ci", cell_timeout=3)
+        run("ci", cell_timeout=3, overrides={"seed": 0})
     summary = json.loads((tmp_path / "outputs" / "ci" / "summary.json").read_text())
     assert summary[0]["status"] == "failed" and summary[0]["seconds"] < 120
 
@@ -165,8 +303,7 @@ def test_a_stuck_cell_fails_the_run_in_bounded_time_naming_the_cell(tmp_path, mo
 def test_headless_runs_draw_text_progress_and_no_widgets(tmp_path, monkeypatch):
     from draftlab.run import run
 
-    (tmp_path / "notebooks" / "params").mkdir(parents=True)
-    (tmp_path / "notebooks" / "params" / "ci.yaml").write_text("x: 1\n")
+    shutil.copytree(ROOT / "notebooks" / "params", tmp_path / "notebooks" / "params")
     nb = json.loads(json.dumps(FAILING))
     nb["cells"][2]["source"] = (
         "import os\nfrom draftlab.progress import progress_bar\n"
@@ -176,7 +313,7 @@ def test_headless_runs_draw_text_progress_and_no_widgets(tmp_path, monkeypatch):
     (tmp_path / "notebooks" / "01_progress.ipynb").write_text(json.dumps(nb))
     monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
     monkeypatch.delenv("DRAFTLAB_HEADLESS", raising=False)
-    run("ci")
+    run("ci", overrides={"seed": 0})
     outputs = json.loads((tmp_path / "outputs" / "ci" / "01_progress.ipynb").read_text())["cells"][3]["outputs"]
     text = "".join("".join(o.get("text", "")) for o in outputs)
     assert "work: 100%" in text and "hub bars off: 1" in text, text
@@ -186,22 +323,23 @@ def test_headless_runs_draw_text_progress_and_no_widgets(tmp_path, monkeypatch):
 
 def test_a_misspelt_or_mistyped_profile_key_is_refused_before_any_notebook(tmp_path, monkeypatch):
     from draftlab import DraftlabError
-    from draftlab.config import check_parameters, load_profile
+    from draftlab.config import check_values, load_profile
 
-    with pytest.raises(DraftlabError, match="no notebook has a parameter 'n_chatt'; did you mean 'n_chat'"):
-        check_parameters({"n_chatt": 3}, "bad.yaml")
-    with pytest.raises(DraftlabError, match="train_steps='ten' is a str, but the notebooks expect a int"):
-        check_parameters({"train_steps": "ten"}, "bad.yaml")
-    with pytest.raises(DraftlabError, match="serve_with_vllm=1 is a int, but the notebooks expect a bool"):
-        check_parameters({"serve_with_vllm": 1}, "bad.yaml")
-    check_parameters({"learning_rate": 1, "layer_ids": [2, 3], "spec_prompts": None}, "ok.yaml")  # int for float; None
+    with pytest.raises(DraftlabError, match="no stage reads a parameter 'n_chatt'; did you mean 'n_chat'"):
+        check_values({"n_chatt": 3}, "bad.yaml")
+    with pytest.raises(DraftlabError, match="train_steps='ten' is a str, but the stages expect int"):
+        check_values({"train_steps": "ten"}, "bad.yaml")
+    with pytest.raises(DraftlabError, match="serve_with_vllm=1 is a int, but the stages expect bool"):
+        check_values({"serve_with_vllm": 1}, "bad.yaml")
+    with pytest.raises(DraftlabError, match=r"layer_ids=\['2'\] is a list, but the stages expect list\[int\] \| None"):
+        check_values({"layer_ids": ["2"]}, "bad.yaml")
+    check_values({"learning_rate": 1, "layer_ids": [2, 3], "spec_prompts": None}, "ok.yaml")  # int for float; None
     home = tmp_path / "home"
-    (home / "notebooks" / "params").mkdir(parents=True)
-    for nb in NOTEBOOKS:
-        (home / "notebooks" / nb.name).symlink_to(nb)
-    (home / "notebooks" / "params" / "bad.yaml").write_text("n_chatt: 3\n")
+    shutil.copytree(ROOT / "notebooks" / "params", home / "notebooks" / "params")
+    ci = (home / "notebooks" / "params" / "ci.yaml").read_text()
+    (home / "notebooks" / "params" / "bad.yaml").write_text(ci.replace("n_chat:", "n_chatt:"))
     monkeypatch.setenv("DRAFTLAB_HOME", str(home))
-    with pytest.raises(DraftlabError, match="bad.yaml: no notebook has a parameter 'n_chatt'"):
+    with pytest.raises(DraftlabError, match="bad.yaml: no stage reads a parameter 'n_chatt'"):
         load_profile("bad")
 
 
@@ -215,7 +353,7 @@ def test_set_overrides_a_profile_parameter_and_refuses_an_unknown_one(capsys):
         "mask_token_id": None,
     }
     assert main(["run", "--profile", "ci", "--set", "n_sharegpts=0"]) == 1  # refused before any notebook starts
-    assert "--set: no notebook has a parameter 'n_sharegpts'; did you mean 'n_sharegpt'" in capsys.readouterr().err
+    assert "--set: no stage reads a parameter 'n_sharegpts'; did you mean 'n_sharegpt'" in capsys.readouterr().err
     assert main(["run", "--profile", "ci", "--set", "n_sharegpt"]) == 1
     assert "write KEY=VALUE" in capsys.readouterr().err
 

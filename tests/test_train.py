@@ -11,6 +11,7 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.drafts.draft import build_draft
+from draftlab.layout import RunLayout
 from draftlab.training.checkpoint import check_reload
 from draftlab.training.train import Settings, final_checkpoint, read_metrics, summary, train
 
@@ -26,7 +27,7 @@ def home(tmp_path_factory, tiny):
     from conftest import random_rows
 
     root = tmp_path_factory.mktemp("home")
-    run = root / "data" / "runs" / "tiny"
+    run = RunLayout("tiny", "test", root).data
     for split, lengths, seed in (("train", [40, 25, 33, 18, 50, 29, 44, 21, 36, 27], 0), ("eval", [30, 22, 41], 1)):
         ds = dataset.save_split(random_rows(tiny.vocab_size, lengths, seed), tiny.tokenizer, run / split, max_length=64)
         extract.extract(tiny, ds, run / split, IDS, progress=False)
@@ -38,7 +39,15 @@ def home(tmp_path_factory, tiny):
 @pytest.fixture
 def data(home, monkeypatch):
     monkeypatch.setenv("DRAFTLAB_HOME", str(home))
-    return home / "data" / "runs" / "tiny"
+    return RunLayout("tiny", "test", home).data
+
+
+@pytest.fixture
+def layout(data):
+    """A run on the tiny dataset: its drafts under data/runs/tiny/drafts/test/<kind>."""
+    from draftlab.layout import RunLayout
+
+    return RunLayout("tiny", "test")
 
 
 def make(tiny, data, kind="eagle3", seed=0, **kw):
@@ -47,7 +56,9 @@ def make(tiny, data, kind="eagle3", seed=0, **kw):
     return build_draft(kind, tiny, data / "train", **{**extra, **kw})
 
 
-S = dict(steps=20, learning_rate=3e-3, warmup_steps=3, pack_len=96, eval_every=10, checkpoint_every=10, n_anchors=8)
+S = dict(
+    train_steps=20, learning_rate=3e-3, warmup_steps=3, pack_len=96, eval_every=10, checkpoint_every=10, n_anchors=8
+)
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
@@ -73,7 +84,7 @@ def test_packs_read_ahead_by_worker_processes_train_exactly_the_same(tiny, data,
         train(
             make(tiny, data, kind),
             data,
-            Settings(**{**S, "steps": 8, "loader_workers": w}),
+            Settings(**{**S, "train_steps": 8, "loader_workers": w}),
             tmp_path / str(w),
             progress=False,
         )
@@ -96,10 +107,11 @@ def test_loader_workers_only_where_the_gpu_would_wait():
     assert loader_workers(3, "cpu") == (3, "as asked (loader_workers)")
 
 
-def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data):
+def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data, layout):
     d = make(tiny, data)
-    run = train(d, data, Settings(**{**S, "steps": 6, "eval_every": 3, "checkpoint_every": 2}), progress=False)
-    assert run == data / "drafts" / "eagle3" and final_checkpoint("tiny", "eagle3") == run / "final"
+    run = train(d, layout, Settings(**{**S, "train_steps": 6, "eval_every": 3, "checkpoint_every": 2}), progress=False)
+    assert run == layout.draft("eagle3") and final_checkpoint(layout, "eagle3") == run / "final"
+    assert run.parent == layout.drafts and layout.drafts.name == "test"  # keyed by run: runs never share one
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4", "step-6"]  # the newest two are kept
     assert {p.name for p in (run / "checkpoints" / "step-6").iterdir()} >= {
         "config.json",
@@ -120,7 +132,7 @@ def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data):
         r["seconds"] > 0 and 0 < round(r["tokens_per_s"] * r["seconds"]) <= 96 for r in train_rec
     )  # tokens of one pack
     assert summary("eagle3", rec)["first step (s)"] == train_rec[0]["seconds"]
-    r = check_reload(d, final_checkpoint("tiny", "eagle3"), data, 96)
+    r = check_reload(d, final_checkpoint(layout, "eagle3"), data, 96)
     assert r["identical tensors"] and r["identical outputs"] and r["loss"] == r["reloaded loss"]
 
 
@@ -218,7 +230,7 @@ def test_torchrun_command_parses_with_speculators_own_cli(tiny, data, tmp_path, 
     assert cfg.speculator_type == kind and cfg.optimizer.optimizer == "adamw" and cfg.optimizer.lr == s.learning_rate
     assert (
         cfg.scheduler.scheduler_type == "cosine"
-        and cfg.trainer.max_steps == s.steps
+        and cfg.trainer.max_steps == s.train_steps
         and cfg.draft.target_layer_ids == IDS
     )
     assert (
@@ -306,7 +318,7 @@ def test_speculators_runs_exactly_the_steps_and_saves_a_few_times_the_last_inclu
     from draftlab.training.flags import MAX_SAVES
     from draftlab.training.launch import torchrun_command
 
-    s = Settings(**{**S, "steps": 60, "checkpoint_every": 2})
+    s = Settings(**{**S, "train_steps": 60, "checkpoint_every": 2})
     cmd = torchrun_command(make(tiny, data), data, s, nproc=1, save_path=tmp_path / "save")
     flat = TrainConfig.resolve(cmd[cmd.index("speculators.train") + 1 :]).flatten()
     steps, saved = run_as_speculators(flat, data, tmp_path)
@@ -347,7 +359,7 @@ def speculators_save(tiny, data, tmp_path):
     d = make(tiny, data)
     opt = torch.optim.AdamW([p for p in d.model.parameters() if p.requires_grad])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    root = tmp_path / "drafts" / "eagle3" / "speculators"
+    root = RunLayout("tiny", "test", tmp_path).speculators_save("eagle3")
     saver, weights = SingleGPUCheckpointer(root), {}
     for epoch in range(3):
         with torch.no_grad():
@@ -399,7 +411,7 @@ def test_offline_alpha_drafts_k_positions_and_leaves_the_draft_as_it_was(tiny, d
     from draftlab.acceptance.evaluate import offline_alpha
 
     d = make(tiny, data)
-    train(d, data, Settings(**{**S, "steps": 10}), tmp_path / "run", progress=False)
+    train(d, data, Settings(**{**S, "train_steps": 10}), tmp_path / "run", progress=False)
     before = dict(d.train_kwargs)
     three, five = offline_alpha(d, data / "eval", k=3), offline_alpha(d, data / "eval", k=5)
     assert len(three) == 3 and len(five) == 5 and all(0.0 <= a <= 1.0 for a in five)
@@ -426,11 +438,11 @@ def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data
     torch.testing.assert_close(reused, plain)
 
 
-def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, monkeypatch):
+def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, layout, monkeypatch):
     from draftlab.training import device
 
     d = make(tiny, data)
-    run = train(d, data, Settings(**{**S, "steps": 2}), progress=False)
+    run = train(d, layout, Settings(**{**S, "train_steps": 2}), progress=False)
     monkeypatch.setattr(device, "forward_is_compiled", lambda: True)  # what CUDA would say
     seen = []
     d.model.register_forward_pre_hook(lambda m, _args: seen.append((m.training, torch.is_grad_enabled())))
@@ -455,17 +467,17 @@ def test_a_draft_with_dropout_is_evaluated_in_eval_mode_without_grad(tiny, data)
     assert seen == [(True, True), (False, False)] and d.model.training
 
 
-def test_drafts_trained_side_by_side_in_processes_equal_in_process_runs(tiny, data):
+def test_drafts_trained_side_by_side_in_processes_equal_in_process_runs(tiny, data, layout):
     from draftlab.training.jobs import train_drafts
 
     def built():
         return {"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash", seed=1)}
 
-    s = Settings(**{**S, "steps": 6, "eval_every": 3, "checkpoint_every": 3})
+    s = Settings(**{**S, "train_steps": 6, "eval_every": 3, "checkpoint_every": 3})
     here, there = built(), built()
-    runs, _, want_reloads = train_drafts(here, data, s, side=False, progress=False)
+    runs, _, want_reloads = train_drafts(here, layout, s, side=False, progress=False)
     want = {k: [(r["split"], r["loss"]) for r in read_metrics(run)] for k, run in runs.items()}
-    runs, seconds, reloads = train_drafts(there, data, s, side=True, progress=False)
+    runs, seconds, reloads = train_drafts(there, layout, s, side=True, progress=False)
     assert {k: [(r["split"], r["loss"]) for r in read_metrics(run)] for k, run in runs.items()} == want
     assert reloads == want_reloads and all(r["identical tensors"] and r["identical outputs"] for r in reloads.values())
     assert set(seconds) == {"eagle3", "dflash"} and all(x > 0 for x in seconds.values())
@@ -473,16 +485,16 @@ def test_drafts_trained_side_by_side_in_processes_equal_in_process_runs(tiny, da
         b = there[k].model.state_dict()
         assert all(torch.equal(t, b[n]) for n, t in here[k].model.state_dict().items()), k
         assert there[k].choices["training"][0] == "2 processes side by side" and "data loading" in there[k].report()
-    assert check_reload(there["eagle3"], final_checkpoint("tiny", "eagle3"), data, 96)["identical outputs"]
+    assert check_reload(there["eagle3"], final_checkpoint(layout, "eagle3"), data, 96)["identical outputs"]
     assert sorted(p.name for p in (runs["dflash"] / "job").iterdir()) == ["log.txt", "result.json"]
 
 
-def test_a_run_failing_in_its_process_is_raised_with_its_reason_and_log(tiny, data):
+def test_a_run_failing_in_its_process_is_raised_with_its_reason_and_log(tiny, data, layout):
     from draftlab.training.jobs import train_drafts
 
     drafts = {"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash")}
     with pytest.raises(DraftlabError, match=r"eagle3: .*shorter than every sample.*log: .*eagle3/job/log.txt"):
-        train_drafts(drafts, data, Settings(**{**S, "pack_len": 8}), side=True, progress=False)
+        train_drafts(drafts, layout, Settings(**{**S, "pack_len": 8}), side=True, progress=False)
 
 
 def test_side_by_side_only_on_a_gpu_with_cpus_for_both():
@@ -493,14 +505,27 @@ def test_side_by_side_only_on_a_gpu_with_cpus_for_both():
     assert side_by_side("cpu", 2, requested=True) == (True, "as asked (side_by_side)")
 
 
-def test_drafts_not_keyed_by_their_kind_are_refused(tiny, data):
+def test_drafts_not_keyed_by_their_kind_are_refused(tiny, data, layout):
     from draftlab.training.jobs import train_drafts
 
     with pytest.raises(DraftlabError, match="keyed by kind.*'second': 'eagle3'"):
-        train_drafts({"eagle3": make(tiny, data), "second": make(tiny, data)}, data, Settings(**S), progress=False)
+        train_drafts({"eagle3": make(tiny, data), "second": make(tiny, data)}, layout, Settings(**S), progress=False)
+    with pytest.raises(DraftlabError, match="takes the run's RunLayout .*not PosixPath"):
+        train_drafts({"eagle3": make(tiny, data)}, data, Settings(**S), progress=False)
 
 
-def test_an_interrupt_stops_the_training_processes(tiny, data, monkeypatch):
+def test_a_dataset_folder_names_no_run_so_train_asks_for_a_layout_or_a_folder(tiny, data, layout):
+    from draftlab.training.launch import torchrun_command
+
+    with pytest.raises(DraftlabError, match=r"train\(\): .* is a dataset folder, which names no run; pass a RunLayout"):
+        train(make(tiny, data), data, Settings(**S), progress=False)
+    with pytest.raises(DraftlabError, match=r"torchrun_command: .* names no run"):
+        torchrun_command(make(tiny, data), data, Settings(**S), nproc=1)
+    cmd = torchrun_command(make(tiny, data), layout, Settings(**S), nproc=1)  # the layout names the save path
+    assert cmd[cmd.index("--save-path") + 1] == str(layout.speculators_save("eagle3").resolve())
+
+
+def test_an_interrupt_stops_the_training_processes(tiny, data, layout, monkeypatch):
     import subprocess
 
     from draftlab.training import jobs as train_jobs
@@ -520,13 +545,13 @@ def test_an_interrupt_stops_the_training_processes(tiny, data, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train_jobs.train_drafts(
             {"eagle3": make(tiny, data), "dflash": make(tiny, data, "dflash")},
-            data,
+            layout,
             Settings(**S),
             side=True,
             progress=False,
         )
     assert len(started) == 2 and all(p.returncode is not None for p in started)
-    assert not (data / "drafts" / "eagle3" / "job" / "result.json").exists()
+    assert not (layout.job("eagle3") / "result.json").exists()
 
 
 def test_a_dict_where_settings_belong_is_named(tiny, tmp_path):
@@ -534,9 +559,9 @@ def test_a_dict_where_settings_belong_is_named(tiny, tmp_path):
 
     with pytest.raises(
         DraftlabError,
-        match=r"train\(\) takes a draftlab.train.Settings, not a dict: pass Settings\(\*\*\{'steps': 1\}\)",
+        match=r"train\(\) takes a draftlab.train.Settings, not a dict: pass Settings\(\*\*\{'train_steps': 1\}\)",
     ):
-        train(build_eagle3(tiny, None), tmp_path, {"steps": 1})
+        train(build_eagle3(tiny, None), tmp_path, {"train_steps": 1})
 
 
 def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_path, monkeypatch):
@@ -545,7 +570,7 @@ def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_
     first = train(
         make(tiny, data),
         data,
-        Settings(**{**S, "steps": 2, "checkpoint_every": 2, "eval_every": 2}),
+        Settings(**{**S, "train_steps": 2, "checkpoint_every": 2, "eval_every": 2}),
         tmp_path / "run",
         progress=False,
     )
@@ -561,13 +586,19 @@ def test_a_fresh_run_that_fails_keeps_the_earlier_trained_draft(tiny, data, tmp_
     with monkeypatch.context() as patched:
         patched.setattr(train_module, "forward", nan_at_step_3)  # the training loop's forward
         with pytest.raises(DraftlabError, match=r"loss is nan at step 3: .*the earlier run is kept in .*\.previous"):
-            train(d, data, Settings(**{**S, "steps": 6, "checkpoint_every": 5, "eval_every": 5}), first, progress=False)
+            train(
+                d,
+                data,
+                Settings(**{**S, "train_steps": 6, "checkpoint_every": 5, "eval_every": 5}),
+                first,
+                progress=False,
+            )
     prev = first / ".previous"
     assert (prev / "final" / "model.safetensors").read_bytes() == weights and (prev / "checkpoints" / "step-2").is_dir()
     again = train(
         make(tiny, data, seed=2),
         data,
-        Settings(**{**S, "steps": 2, "checkpoint_every": 2, "eval_every": 2}),
+        Settings(**{**S, "train_steps": 2, "checkpoint_every": 2, "eval_every": 2}),
         first,
         progress=False,
     )
@@ -598,7 +629,7 @@ def test_a_damaged_hidden_state_file_is_named_before_training(tiny, data, tmp_pa
         open_split(d, split, 96)
 
 
-@pytest.mark.parametrize("field", ["steps", "eval_every", "checkpoint_every"])
+@pytest.mark.parametrize("field", ["train_steps", "eval_every", "checkpoint_every"])
 def test_settings_refuse_a_zero_interval_by_name(field):
     from draftlab import DraftlabError
     from draftlab.training.train import Settings
@@ -612,7 +643,7 @@ def test_compare_reads_both_trainers_checkpoints_on_the_same_packs(tiny, data, s
 
     root, _ = speculators_save
     d = make(tiny, data)
-    run = train(d, data, Settings(**{**S, "steps": 2}), tmp_path / "run", progress=False)
+    run = train(d, data, Settings(**{**S, "train_steps": 2}), tmp_path / "run", progress=False)
     got = compare({"draftlab": run / "final", "speculators": root}, d, data / "eval", S["pack_len"])
     assert got["draftlab"]["checkpoint"] == str(run / "final") and got["speculators"]["checkpoint"] == str(root / "2")
     assert all(0.0 <= r["eval first-position accuracy"] <= 1.0 and r["eval loss"] > 0 for r in got.values())
@@ -654,7 +685,7 @@ def test_the_draft_handed_to_train_stays_in_training_and_core_call_by_call(tiny,
 
     sys.setprofile(record)
     try:
-        train(d, data, Settings(**{**S, "steps": 2, "eval_every": 1}), tmp_path / "run", progress=False)
+        train(d, data, Settings(**{**S, "train_steps": 2, "eval_every": 1}), tmp_path / "run", progress=False)
     finally:
         sys.setprofile(None)
     away = {(p, f) for p, f in calls if not p.startswith(HOME) and p != MANIFEST}

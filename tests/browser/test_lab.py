@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from draftlab.layout import RunLayout
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.browser
@@ -32,7 +34,7 @@ def _free_port() -> int:
 def lab(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.fail("Debian chromium is not installed: `apt-get install -y chromium` (.ci/run does this)")
-    if not (ROOT / "data" / "runs" / "smollm2-ci" / "train" / "manifest.json").exists():
+    if not (RunLayout("smollm2-ci", "ci", ROOT).split("train") / "manifest.json").exists():
         pytest.fail("No ci dataset: run `draftlab run --profile ci --only 01` first (make test does).")
     work = tmp_path_factory.mktemp("lab")  # a copy, so autosave never writes outputs into the repo
     shutil.copy(ROOT / "notebooks" / "02_attention_masks.ipynb", work)

@@ -19,11 +19,12 @@ from draftlab import DraftlabError
 from draftlab.acceptance.speculative import Generation, metrics, speculative_generate
 
 
-def load_spec_prompts(run_dir: Path, tokenizer, split: str = "bench", n: int | None = None) -> list[dict]:
-    """Prompts of one stage-01 split (from prompts.jsonl) as chat-template ids, sources interleaved."""
+def load_spec_prompts(prompts: Path, tokenizer, split: str = "bench", n: int | None = None) -> list[dict]:
+    """Prompts of one split of the prompt set stage 01 wrote (`RunLayout.prompts`) as chat-template ids,
+    sources interleaved."""
     from draftlab.data.generate import _chat_ids
 
-    path = Path(run_dir) / "prompts.jsonl"
+    path = Path(prompts)
     if not path.exists():
         raise DraftlabError(
             f"{path} is missing: run notebook 01 for this dataset_name first (it writes the prompt set "

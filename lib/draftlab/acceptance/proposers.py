@@ -231,7 +231,7 @@ def crop(cache, keep: int) -> None:
 
 
 def load_draft(path, verifier):
-    """A stage-04 checkpoint (`data/runs/<dataset>/drafts/<kind>/final/`), or a speculators `--save-path`
+    """A stage-04 checkpoint (`RunLayout.final(kind)`), or a speculators `--save-path`
     (its checkpoint found by `launch.find_checkpoint`), as a checked draftlab `Draft`.
     `_attn_implementation` is not serialised; drafting with a KV cache uses sdpa (or eager), never flex."""
     from speculators import SpeculatorModel

@@ -20,7 +20,7 @@ def draft_config(draft_dir: Path) -> dict:
     if not path.exists():
         raise DraftlabError(
             f"no draft checkpoint at {draft_dir} (no config.json): run notebook 04, or pass the "
-            "final/ folder it wrote (data/runs/<dataset_name>/drafts/<kind>/final)."
+            "final/ folder it wrote (RunLayout.final: data/runs/<dataset_name>/drafts/<run_name>/<kind>/final)."
         )
     cfg = json.loads(path.read_text())
     if cfg.get("speculators_model_type") not in METHODS:

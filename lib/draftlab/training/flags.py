@@ -140,10 +140,10 @@ def speculators_flags(
         "weight-decay": s.weight_decay,
         "scheduler-type": "cosine",
         "scheduler-warmup-steps": s.warmup_steps,
-        "scheduler-total-steps": s.steps,
-        "max-steps": s.steps,
+        "scheduler-total-steps": s.train_steps,
+        "max-steps": s.train_steps,
         "epochs": len(counts),
-        "checkpoint-freq": f"{checkpoint_freq(counts, s.steps, s.checkpoint_every):g}",
+        "checkpoint-freq": f"{checkpoint_freq(counts, s.train_steps, s.checkpoint_every):g}",
         "seed": s.seed,
         "save-path": Path(save_path).resolve(),
     }

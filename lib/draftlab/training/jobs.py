@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from draftlab import DraftlabError
+from draftlab.layout import RunLayout
 from draftlab.training import train as tr
 from draftlab.training.checkpoint import check_reload
 
@@ -50,37 +51,42 @@ def side_by_side(device: str, runs: int, cpus: int | None = None, requested: boo
 
 
 def train_drafts(
-    drafts: dict, data: Path, settings: tr.Settings, *, side: bool | None = None, progress: bool = True
+    drafts: dict, layout: RunLayout, settings: tr.Settings, *, side: bool | None = None, progress: bool = True
 ) -> tuple[dict[str, Path], dict[str, float], dict[str, dict]]:
-    """Train every draft on `data` (run folders as `train.train` makes them); returns run folders,
+    """Train every draft on the run's dataset, each in the run's `layout.draft(kind)`; returns run folders,
     each run's seconds, and `checkpoint.check_reload` of each final checkpoint against the trained draft.
     `side` forces the choice `side_by_side` would make."""
-    data = Path(data)
+    if not isinstance(layout, RunLayout):
+        raise DraftlabError(
+            f"train_drafts takes the run's RunLayout (it names each draft's folder), not {type(layout).__name__}."
+        )
     named = {k: d.kind for k, d in drafts.items() if k != d.kind}
     if named:
         raise DraftlabError(
-            f"drafts are keyed by kind, each run in data/drafts/<kind>; got {named} (key: kind). One draft per kind."
+            f"drafts are keyed by kind, each run in layout.draft(kind); got {named} (key: kind). One draft per kind."
         )
     device = str(next(iter(drafts.values())).device)
     on, why = side_by_side(device, len(drafts), requested=side)
     for d in drafts.values():
         d.choices["training"] = (f"{len(drafts)} processes side by side" if on else "in this process", why)
     if on:
-        return _in_processes(drafts, data, settings, progress)
+        return _in_processes(drafts, layout, settings, progress)
     runs, seconds, reloads = {}, {}, {}
     for kind, d in drafts.items():
-        runs[kind], seconds[kind], reloads[kind] = _train_and_check(d, data, settings, progress)
+        runs[kind], seconds[kind], reloads[kind] = _train_and_check(
+            d, layout.data, layout.draft(kind), settings, progress
+        )
     return runs, seconds, reloads
 
 
-def _train_and_check(d, data: Path, settings: tr.Settings, progress: bool) -> tuple[Path, float, dict]:
+def _train_and_check(d, data: Path, run_dir: Path, settings: tr.Settings, progress: bool) -> tuple[Path, float, dict]:
     t0 = time.perf_counter()
-    run = tr.train(d, data, settings, progress=progress)
+    run = tr.train(d, data, settings, run_dir, progress=progress)
     seconds = time.perf_counter() - t0
     return run, seconds, check_reload(d, run / "final", data, settings.pack_len)
 
 
-def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: bool):
+def _in_processes(drafts: dict, layout: RunLayout, settings: tr.Settings, progress: bool):
     from draftlab.progress import progress_bar
 
     env = {
@@ -92,8 +98,8 @@ def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: boo
     jobs, bars = {}, {}
     try:
         for kind, d in drafts.items():
-            jobs[kind] = _start(kind, d, data, settings, env)
-            bars[kind] = progress_bar(total=settings.steps, desc=f"train {kind}", disable=not progress)
+            jobs[kind] = _start(kind, d, layout, settings, env)
+            bars[kind] = progress_bar(total=settings.train_steps, desc=f"train {kind}", disable=not progress)
         while any(p.poll() is None for p, _, _ in jobs.values()):
             _show(bars, jobs)
             time.sleep(1)
@@ -111,9 +117,9 @@ def _in_processes(drafts: dict, data: Path, settings: tr.Settings, progress: boo
     return _collect(drafts, jobs)
 
 
-def _start(kind: str, d, data: Path, settings: tr.Settings, env: dict):
+def _start(kind: str, d, layout: RunLayout, settings: tr.Settings, env: dict):
     """Write the job (build arguments, initial weights, settings) and start its process."""
-    job = data / "drafts" / kind / "job"
+    job = layout.job(kind)
     shutil.rmtree(job, ignore_errors=True)
     job.mkdir(parents=True)
     torch.save(
@@ -124,7 +130,8 @@ def _start(kind: str, d, data: Path, settings: tr.Settings, env: dict):
             "dtype": str(d.dtype).removeprefix("torch."),
             "build": d.build_args,
             "settings": asdict(settings),
-            "data": str(data),
+            "data": str(layout.data),
+            "run": str(layout.draft(kind)),
             "threads": torch.get_num_threads(),
             "state": {k: t.detach().cpu() for k, t in d.model.state_dict().items()},
         },
@@ -144,7 +151,7 @@ def _show(bars: dict, jobs: dict) -> None:
     """Move each bar to its run's training steps so far: the train records `train._log` wrote,
     matched as text, so a line the run is still writing cannot fail a parse."""
     for kind, bar in bars.items():
-        path = jobs[kind][1].parent / "metrics.jsonl"
+        path = jobs[kind][1].parent / "metrics.jsonl"  # the job folder sits in its run folder
         bar.update((path.read_text().count('"split": "train"') if path.exists() else 0) - bar.n)
 
 
@@ -185,7 +192,9 @@ def _job(job: Path) -> None:
         v = load_verifier(spec["verifier"], spec["device"], spec["dtype"])
         d = build_draft(spec["kind"], v, **spec["build"])
         d.model.load_state_dict(spec["state"])
-        run, seconds, reload = _train_and_check(d, Path(spec["data"]), tr.Settings(**spec["settings"]), progress=False)
+        run, seconds, reload = _train_and_check(
+            d, Path(spec["data"]), Path(spec["run"]), tr.Settings(**spec["settings"]), progress=False
+        )
         result = {
             "run": str(run),
             "seconds": seconds,

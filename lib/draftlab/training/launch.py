@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from draftlab import DraftlabError
+from draftlab.layout import dataset_and_folder
 from draftlab.training.attention import FLEX
 from draftlab.training.data import pack_length
 from draftlab.training.flags import NUM_WORKERS, epoch_steps, speculators_flags
@@ -24,7 +25,7 @@ def epochs_in(save_path: Path) -> list[int]:
 
 def torchrun_command(
     draft,
-    data: Path,
+    data,
     settings,
     nproc: int,
     save_path: Path | None = None,
@@ -34,14 +35,18 @@ def torchrun_command(
 ) -> list[str]:
     """`torchrun --standalone --nproc-per-node N -m speculators.train <flags>` for this draft and data.
 
-    Checkpoints go to `save_path` (default `<data>/drafts/<kind>/speculators`); a save path that already
+    `data` is a run's `RunLayout` (checkpoints go to its `speculators_save(kind)` unless `save_path` is
+    given), or a stage-01 dataset folder with `save_path` given; a save path that already
     holds epoch folders is refused unless `resume` (speculators would continue that run). Where the
     `torchrun` on PATH is not this Python's, `python -m torch.distributed.run` (the same launcher)."""
     from draftlab.training.data import open_split
 
     if nproc < 1:
         raise DraftlabError(f"nproc={nproc}: need at least one GPU process.")
-    save_path = Path(save_path or Path(data) / "drafts" / draft.kind / "speculators").resolve()
+    data, save_path = dataset_and_folder(
+        data, save_path, lambda lay: lay.speculators_save(draft.kind), "torchrun_command"
+    )
+    save_path = save_path.resolve()
     if (found := epochs_in(save_path)) and not resume:
         raise DraftlabError(
             f"{save_path} already holds speculators epochs {found}: the command would resume that "
@@ -50,7 +55,7 @@ def torchrun_command(
         )
     T, _ = pack_length(settings.pack_len, draft.kind, FLEX)
     lengths = open_split(draft, Path(data) / "train", T).approx_lengths
-    counts = epoch_steps(lengths, T, nproc, settings.seed, settings.steps, train_data_ratio)
+    counts = epoch_steps(lengths, T, nproc, settings.seed, settings.train_steps, train_data_ratio)
     flags = speculators_flags(draft, data, settings, save_path, counts, train_data_ratio, num_workers)
     return [*launcher(), "--standalone", f"--nproc-per-node={nproc}", "-m", "speculators.train", *flags]
 
@@ -121,7 +126,7 @@ def find_checkpoint(save_path, prefer: str = "best") -> Path:
 
 
 def trained_draft(kind_dir) -> Path | None:
-    """What to draft with from one kind's run folder (`data/runs/<dataset>/drafts/<kind>`): draftlab's
+    """What to draft with from one kind's run folder (`RunLayout.draft(kind)`): draftlab's
     `final/` or the checkpoint of speculators' save under `speculators/`, the newer if both; None if neither."""
     kind_dir = Path(kind_dir)
     found = [p for p in (kind_dir / "final", kind_dir / "speculators") if p.is_dir()]

@@ -19,7 +19,7 @@ CADENCE = ("eval_every", "checkpoint_every", "eval_packs", "keep_checkpoints", "
 
 @dataclass
 class Settings:
-    steps: int = 100
+    train_steps: int = 100
     learning_rate: float = 1e-3
     warmup_steps: int = 10
     pack_len: int = 2048  # tokens per batch (one packed sequence)
@@ -38,7 +38,7 @@ class Settings:
     def __post_init__(self):
         """Refused here, named, rather than as a ZeroDivisionError deep in the loop."""
         for name, least in (
-            ("steps", 1),
+            ("train_steps", 1),
             ("eval_every", 1),
             ("checkpoint_every", 1),
             ("pack_len", 1),
@@ -48,7 +48,7 @@ class Settings:
             if getattr(self, name) < least:
                 raise DraftlabError(
                     f"{name}={getattr(self, name)}: must be at least {least} (the profile key "
-                    f"{'train_steps' if name == 'steps' else name}); an evaluation and a checkpoint "
+                    f"{name}); an evaluation and a checkpoint "
                     "are always made at the last step, so a large interval means 'only at the end'."
                 )
         if not self.learning_rate > 0:
@@ -70,4 +70,4 @@ def optimizer_and_schedule(draft, s: Settings):
     (opt,) = build_optimizers(
         draft.model, SimpleNamespace(optimizer="adamw", lr=s.learning_rate, weight_decay=s.weight_decay)
     )
-    return opt, get_cosine_schedule_with_warmup(opt, num_warmup_steps=s.warmup_steps, num_training_steps=s.steps)
+    return opt, get_cosine_schedule_with_warmup(opt, num_warmup_steps=s.warmup_steps, num_training_steps=s.train_steps)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from draftlab import DraftlabError
-from draftlab.config import data_dir
+from draftlab.layout import RunLayout, dataset_and_folder
 from draftlab.training import checkpoint as ckpt
 from draftlab.training.data import Packs, open_split, tokens
 from draftlab.training.device import loader_workers
@@ -31,16 +31,17 @@ from draftlab.training.launch import torchrun_command  # noqa: F401  (several GP
 from draftlab.training.settings import CADENCE, Settings, configure, optimizer_and_schedule
 
 
-def run_folder(dataset_name: str, kind: str) -> Path:
-    return data_dir() / "runs" / dataset_name / "drafts" / kind
+def run_folder(layout: RunLayout, kind: str) -> Path:
+    return layout.draft(kind)
 
 
-def final_checkpoint(dataset_name: str, kind: str) -> Path:
+def final_checkpoint(layout: RunLayout, kind: str) -> Path:
     """The folder `SpeculatorModel.from_pretrained` and `vllm serve` load (written at the end of a run)."""
-    path = run_folder(dataset_name, kind) / "final"
+    path = layout.final(kind)
     if not (path / "config.json").exists():
         raise DraftlabError(
-            f"no trained {kind} draft at {path}; run notebook 04 (draftlab run --only 04) for dataset {dataset_name!r}."
+            f"no trained {kind} draft at {path}; run notebook 04 (draftlab run --only 04) for dataset "
+            f"{layout.dataset_name!r}, run {layout.run_name!r}."
         )
     return path
 
@@ -88,7 +89,7 @@ def _start(run_dir: Path, draft, opt, sched, hp: dict, resume: bool) -> int:
 
 def train(
     draft,
-    data: Path,
+    data: RunLayout | Path,
     settings: Settings | None = None,
     run_dir: Path | None = None,
     *,
@@ -98,7 +99,8 @@ def train(
 ) -> Path:
     """Train `draft` on `data/train`, evaluating on `data/eval`; returns the run folder.
 
-    `data` is a stage-01 dataset folder (data/runs/<dataset_name>). `resume=True` continues from the
+    `data` is a run's `RunLayout` (the run folder is its `draft(kind)`), or a stage-01 dataset folder
+    with `run_dir` given. `resume=True` continues from the
     newest checkpoint in the run folder (refused if a hyper-parameter changed); `stop_after=N` ends
     after global step N with a checkpoint, as an interruption would, without writing `final/`.
     """
@@ -111,7 +113,7 @@ def train(
             else f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}."
         )
     s = settings or Settings()
-    data, run_dir = Path(data), Path(run_dir or Path(data) / "drafts" / draft.kind)
+    data, run_dir = dataset_and_folder(data, run_dir, lambda lay: lay.draft(draft.kind), "train()")
     configure(draft, s)
     train_packs = Packs(draft, open_split(draft, data / "train", s.pack_len), s.pack_len, s.seed)
     eval_packs = Packs(draft, open_split(draft, data / "eval", s.pack_len), s.pack_len, 0)
@@ -123,7 +125,7 @@ def train(
     step = _start(run_dir, draft, opt, sched, hp, resume)
     if step == 0:
         torch.manual_seed(s.seed)
-    end = min(s.steps, stop_after or s.steps)
+    end = min(s.train_steps, stop_after or s.train_steps)
     metrics_path = run_dir / "metrics.jsonl"
     workers, why = loader_workers(s.loader_workers, str(draft.device))
     draft.choices["data loading"] = (f"{workers} loader processes" if workers else "in process", why)
@@ -167,7 +169,7 @@ def train(
             _log(metrics_path, record)
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.3f}", acc0=f"{first_accuracy(draft.kind, record):.2f}")
-            if step % s.eval_every == 0 or step == s.steps:
+            if step % s.eval_every == 0 or step == s.train_steps:
                 _log(
                     metrics_path, {"step": step, "split": "eval", "lr": lr, **evaluate(draft, eval_packs, s.eval_packs)}
                 )
@@ -176,7 +178,7 @@ def train(
                 shutil.rmtree(run_dir / PREVIOUS, ignore_errors=True)  # the new run has a good checkpoint now
             t0 = time.perf_counter()  # a step's time includes waiting for its pack, not the evaluation before it
     bar.close()
-    if step >= s.steps:
+    if step >= s.train_steps:
         ckpt.write_final(run_dir, draft)
     return run_dir
 

@@ -1,0 +1,125 @@
+"""Every path of a run, named in one place: the stage-01 dataset, the drafts of a run, the stage outputs.
+
+A dataset (`data/runs/<dataset_name>/`) is what notebook 01 made; several runs may train on it, so the
+drafts of each run sit under its own name (`drafts/<run_name>/<kind>/`) and two runs on one dataset
+never overwrite each other. Figures, tables and each stage's resolved config go to
+`outputs/<run_name>/<NN>/`. No other module, notebook, benchmark or test spells these paths
+(tests/test_project.py greps for hand-built drafts paths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftlab import DraftlabError
+from draftlab.config import repo_root
+
+SPLITS = ("train", "eval")  # the splits 01 stores rows and hidden states of; bench is prompts only
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    dataset_name: str
+    run_name: str
+    root: Path = field(default_factory=repo_root)
+
+    # stage 01: the dataset, shared by every run on it
+    @property
+    def data(self) -> Path:
+        """`data/runs/<dataset_name>`: what notebook 01 wrote."""
+        return Path(self.root) / "data" / "runs" / self.dataset_name
+
+    def split(self, name: str) -> Path:
+        """Rows, hidden states, manifest and vocab mappings of one split (`train`, `eval`)."""
+        return self.data / name
+
+    @property
+    def prompts(self) -> Path:
+        """The prompt set with its train / eval / bench splits: written by 01, read by 05 (and benchmarks)."""
+        return self.data / "prompts.jsonl"
+
+    @property
+    def responses(self) -> Path:
+        """The verifier's greedy answers to the train and eval prompts (01 appends as they finish)."""
+        return self.data / "responses.jsonl"
+
+    def vocab(self, draft_vocab_size: int) -> tuple[Path, Path]:
+        """The d2t / t2d mappings 01 saves beside the train split (named as `speculators train` looks for them)."""
+        train = self.split("train")
+        return train / f"d2t-{draft_vocab_size}.npy", train / f"t2d-{draft_vocab_size}.npy"
+
+    # stage 04: the drafts of this run
+    @property
+    def drafts(self) -> Path:
+        """`data/runs/<dataset_name>/drafts/<run_name>`: this run's trained drafts, one folder per kind."""
+        return self.data / "drafts" / self.run_name
+
+    def draft(self, kind: str) -> Path:
+        """One kind's run folder (metrics.jsonl, checkpoints/, final/, job/, speculators/)."""
+        return self.drafts / kind
+
+    def final(self, kind: str) -> Path:
+        """What `train.train` writes at the end of a run: the folder vLLM and `from_pretrained` load."""
+        return self.draft(kind) / "final"
+
+    def speculators_save(self, kind: str) -> Path:
+        """`--save-path` of the torchrun command (`speculators train`'s own epochs)."""
+        return self.draft(kind) / "speculators"
+
+    def job(self, kind: str) -> Path:
+        """Where a training job in its own process takes its inputs from and leaves its result (jobs.py)."""
+        return self.draft(kind) / "job"
+
+    # every stage: figures, tables, resolved configs
+    @property
+    def outputs(self) -> Path:
+        """`outputs/<run_name>`: the executed notebooks and `draftlab run`'s summary.json."""
+        return Path(self.root) / "outputs" / self.run_name
+
+    def stage(self, stage: str) -> Path:
+        """`outputs/<run_name>/<NN>/`: one stage's figures and summary.json."""
+        return self.outputs / stage
+
+    def resolved_config(self, stage: str) -> Path:
+        """The config a stage ran with, as JSON. 01's sits in the dataset it describes (every run on the
+        dataset reads it); the others beside the stage's outputs."""
+        return self.data / "config.json" if stage == "01" else self.stage(stage) / "config.json"
+
+
+def dataset_and_folder(data, folder, pick, what: str) -> tuple[Path, Path]:
+    """(dataset folder, a run's folder) from `data` as a caller passes it: a RunLayout names both
+    (`pick(layout)` unless `folder` is given); a bare dataset folder needs `folder` itself."""
+    if isinstance(data, RunLayout):
+        return data.data, Path(folder or pick(data))
+    if folder is None:
+        raise DraftlabError(
+            f"{what}: {data} is a dataset folder, which names no run; pass a RunLayout(dataset_name, run_name) "
+            "as data (it names the run's folders), or the folder itself."
+        )
+    return Path(data), Path(folder)
+
+
+def runs_on(dataset_name: str, root: Path | None = None) -> list[RunLayout]:
+    """Every run that trained drafts on one dataset (each holds `drafts/<run_name>/`), by name."""
+    root = Path(root or repo_root())
+    every = RunLayout(dataset_name, "_", root).drafts.parent  # the folder holding one folder per run
+    return (
+        [RunLayout(dataset_name, p.name, root) for p in sorted(every.iterdir()) if p.is_dir()] if every.is_dir() else []
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m draftlab.layout DATASET_GLOB FILE`: each run's `<kind>/FILE` that exists on the datasets
+    matching the glob (for shell scripts, which then spell no run path themselves)."""
+    import sys
+
+    pattern, name = argv or sys.argv[1:]
+    for ds in sorted(p.name for p in (repo_root() / "data" / "runs").glob(pattern) if p.is_dir()):
+        for lay in runs_on(ds):
+            for kind in sorted(p.name for p in lay.drafts.iterdir() if (p / name).is_file()):
+                print(lay.draft(kind) / name)
+
+
+if __name__ == "__main__":
+    main()
