@@ -7,7 +7,8 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.acceptance import speculative as accept
-from draftlab.acceptance.proposers import Eagle3Proposer, NGramProposer, Proposal, load_draft
+from draftlab.acceptance.model_proposers import Eagle3Proposer
+from draftlab.acceptance.proposers import NGramProposer, Proposal, load_draft
 
 PROMPTS = ["hello how are you today", "def add(a, b): return a + b", "the quick brown fox jumps", "for i in range(10):"]
 N_NEW = 24
@@ -233,7 +234,7 @@ def test_greedy_with_dflash_is_the_verifiers_greedy_output(tiny, tmp_path, k):
 
 def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path):
     """The proposer's block equals speculators' training backbone with one anchor at the same position."""
-    from draftlab.acceptance.proposers import DFlashProposer
+    from draftlab.acceptance.model_proposers import DFlashProposer
     from draftlab.data.extract import hidden_states
     from draftlab.drafts.draft import build_dflash
 
