@@ -22,9 +22,8 @@ from pathlib import Path
 
 from draftlab import config
 from draftlab.acceptance.evaluate import hardware, load_spec_prompts, run_prompts, summarize
-from draftlab.acceptance.proposers import NGramProposer, load_draft, make_proposer
+from draftlab.acceptance.proposers import load_run_drafts
 from draftlab.data.verifier import load_verifier
-from draftlab.training.launch import trained_draft
 
 
 def main():
@@ -53,12 +52,8 @@ def main():
     run_dir = config.data_dir() / "runs" / args.dataset
     prompts_dir = config.data_dir() / "runs" / (args.prompts_from or args.dataset)
     prompts = load_spec_prompts(prompts_dir, v.tokenizer, args.split, args.prompts or None)
-    kinds = args.kinds.split(",")
-    proposers = {"ngram": NGramProposer(3)} if "ngram" in kinds else {}
-    paths = {kind: trained_draft(run_dir / "drafts" / kind) for kind in ("eagle3", "dflash") if kind in kinds}
-    paths = {**{k: p for k, p in paths.items() if p is not None}, **dict(d.split("=", 1) for d in args.draft)}
-    drafts = {name: load_draft(path, v) for name, path in paths.items()}
-    proposers.update({name: make_proposer(d, v.vocab_size) for name, d in drafts.items()})
+    loaded = load_run_drafts(run_dir, v, args.kinds.split(","), dict(d.split("=", 1) for d in args.draft))
+    proposers, drafts = loaded.proposers, loaded.drafts
     out = {
         "dataset": args.dataset,
         "prompts_from": args.prompts_from or args.dataset,
