@@ -329,3 +329,11 @@ def test_tau_against_k_decodes_each_k_and_takes_measured_ones_as_they_are(tiny):
     taus = tau_against_k(tiny, props, prompts, [1, 3], 12, measured={3: {"ngram": {"all": {"tau": 9.5}}}})
     want = summarize(run_prompts(tiny, props["ngram"], prompts, 1, 12), 1)["all"]["tau"]
     assert taus == {"ngram": {1: want, 3: 9.5}} and want >= 1.0
+
+
+def test_greedy_verification_keeps_the_prefix_equal_to_the_argmax_then_its_next_argmax():
+    best = [3, 1, 4, 1]
+    logits = torch.nn.functional.one_hot(torch.tensor(best), 6).float()
+    assert accept.verify_greedy(logits, [3, 1, 4]) == (3, 1)  # all accepted: the bonus is the free next token
+    assert accept.verify_greedy(logits, [3, 2, 4]) == (1, 1)  # stops at the first mismatch, a later match is not kept
+    assert accept.verify_greedy(logits, [5]) == (0, 3) and accept.verify_greedy(logits[:1], []) == (0, 3)
