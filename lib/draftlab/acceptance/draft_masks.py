@@ -60,7 +60,7 @@ def eagle3(model, n_ctx: int, n_new: int, step: int, dtype: torch.dtype) -> list
     are the first pass's (windowed) and its own earlier TTT steps, which lie at kv index j*T + q."""
     from speculators.models.eagle3.attention import create_combined_mask_mod
 
-    dev = model.fc.weight.device
+    dev = next(model.parameters()).device
     if step == 0:
         total = n_ctx + n_new
         q, kv = torch.arange(n_ctx, total, device=dev), torch.arange(total, device=dev)
@@ -79,7 +79,7 @@ def dflash(model, n_ctx: int, dtype: torch.dtype) -> list[torch.Tensor]:
     long and the document ids one longer, for the anchor's own lookup."""
     from speculators.models.dflash.attention import create_anchor_block_mask_mod
 
-    dev, size = model.fc.weight.device, model.block_size
+    dev, size = next(model.parameters()).device, model.block_size
     docs = torch.zeros(n_ctx + 1, dtype=torch.long, device=dev)
     q, kv = torch.arange(size, device=dev), torch.arange(n_ctx + size, device=dev)
 
