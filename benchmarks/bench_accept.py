@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 
 from draftlab.acceptance.evaluate import hardware, load_spec_prompts, run_prompts, summarize
-from draftlab.acceptance.proposers import NGramProposer, load_draft, make_proposer
+from draftlab.acceptance.proposers import load_run_drafts
 from draftlab.data.verifier import load_verifier
 from draftlab.layout import RunLayout
-from draftlab.training.launch import trained_draft
 
 
 def main():
@@ -55,12 +54,8 @@ def main():
     layout = RunLayout(args.dataset, args.run_name)
     prompt_set = RunLayout(args.prompts_from or args.dataset, args.run_name).prompts
     prompts = load_spec_prompts(prompt_set, v.tokenizer, args.split, args.prompts or None)
-    kinds = args.kinds.split(",")
-    proposers = {"ngram": NGramProposer(3)} if "ngram" in kinds else {}
-    paths = {kind: trained_draft(layout.draft(kind)) for kind in ("eagle3", "dflash") if kind in kinds}
-    paths = {**{k: p for k, p in paths.items() if p is not None}, **dict(d.split("=", 1) for d in args.draft)}
-    drafts = {name: load_draft(path, v) for name, path in paths.items()}
-    proposers.update({name: make_proposer(d, v.vocab_size) for name, d in drafts.items()})
+    loaded = load_run_drafts(layout, v, args.kinds.split(","), dict(d.split("=", 1) for d in args.draft))
+    proposers, drafts = loaded.proposers, loaded.drafts
     out = {
         "dataset": args.dataset,
         "prompts_from": args.prompts_from or args.dataset,

@@ -7,7 +7,8 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.acceptance import speculative as accept
-from draftlab.acceptance.proposers import Eagle3Proposer, NGramProposer, Proposal, load_draft
+from draftlab.acceptance.model_proposers import Eagle3Proposer
+from draftlab.acceptance.proposers import NGramProposer, Proposal, load_draft
 
 PROMPTS = ["hello how are you today", "def add(a, b): return a + b", "the quick brown fox jumps", "for i in range(10):"]
 N_NEW = 24
@@ -233,7 +234,7 @@ def test_greedy_with_dflash_is_the_verifiers_greedy_output(tiny, tmp_path, k):
 
 def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path):
     """The proposer's block equals speculators' training backbone with one anchor at the same position."""
-    from draftlab.acceptance.proposers import DFlashProposer
+    from draftlab.acceptance.model_proposers import DFlashProposer
     from draftlab.data.hooks import hidden_states
     from draftlab.drafts.draft import build_dflash
 
@@ -300,3 +301,39 @@ def test_non_integer_k_and_a_prompt_past_the_position_limit_are_named(tiny):
     long = (tiny.tokenizer("hello how are you today")["input_ids"] * 200)[:505]  # the tiny verifier has 512 positions
     with pytest.warns(UserWarning, match="505 tokens plus 8 new ones passes the verifier's position limit \\(512\\)"):
         accept.speculative_generate(tiny, NGramProposer(), long, 2, 8)
+
+
+def test_load_run_drafts_finds_the_trained_drafts_skips_the_missing_and_adds_named_ones(tiny, eagle_path, tmp_path):
+    import shutil
+
+    from draftlab.acceptance.model_proposers import DFlashProposer
+    from draftlab.acceptance.proposers import load_run_drafts
+    from draftlab.drafts.draft import build_dflash
+
+    shutil.copytree(eagle_path, tmp_path / "run" / "drafts" / "eagle3" / "final")
+    loaded = load_run_drafts(tmp_path / "run", tiny, ngram_max=2)
+    assert list(loaded.proposers) == ["ngram", "eagle3"] and loaded.proposers["ngram"].max_n == 2
+    assert isinstance(loaded.proposers["eagle3"], Eagle3Proposer) and loaded.paths["eagle3"].name == "final"
+    assert loaded.notes[0].startswith("eagle3: loaded") and "dflash: no checkpoint under" in loaded.notes[1]
+    build_dflash(tiny, None, block_size=4, num_layers=1).model.save_pretrained(tmp_path / "other")
+    named = load_run_drafts(tmp_path / "run", tiny, ["dflash"], {"mine": tmp_path / "other"})
+    assert list(named.proposers) == ["mine"] and isinstance(named.proposers["mine"], DFlashProposer)
+    assert named.notes[0].startswith("dflash: no checkpoint") and named.drafts["mine"].kind == "dflash"
+
+
+def test_tau_against_k_decodes_each_k_and_takes_measured_ones_as_they_are(tiny):
+    from draftlab.acceptance.evaluate import run_prompts, summarize, tau_against_k
+
+    prompts = [{"ids": tiny.tokenizer(p)["input_ids"], "id": i, "source": "chat"} for i, p in enumerate(PROMPTS[:2])]
+    props = {"ngram": NGramProposer()}
+    taus = tau_against_k(tiny, props, prompts, [1, 3], 12, measured={3: {"ngram": {"all": {"tau": 9.5}}}})
+    want = summarize(run_prompts(tiny, props["ngram"], prompts, 1, 12), 1)["all"]["tau"]
+    assert taus == {"ngram": {1: want, 3: 9.5}} and want >= 1.0
+
+
+def test_greedy_verification_keeps_the_prefix_equal_to_the_argmax_then_its_next_argmax():
+    best = [3, 1, 4, 1]
+    logits = torch.nn.functional.one_hot(torch.tensor(best), 6).float()
+    assert accept.verify_greedy(logits, [3, 1, 4]) == (3, 1)  # all accepted: the bonus is the free next token
+    assert accept.verify_greedy(logits, [3, 2, 4]) == (1, 1)  # stops at the first mismatch, a later match is not kept
+    assert accept.verify_greedy(logits, [5]) == (0, 3) and accept.verify_greedy(logits[:1], []) == (0, 3)

@@ -66,6 +66,31 @@ def run_all(
     return runs, seconds
 
 
+def tau_against_k(
+    verifier,
+    proposers: dict,
+    prompts: list[dict],
+    ks: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    measured: dict | None = None,
+) -> dict:
+    """{name: {k: tau}}: every proposer decoding the prompts at every chain length in `ks`. `measured`
+    ({k: {name: summarize(...)}}) gives taus already measured on these prompts and settings (the headline k),
+    taken as they are instead of decoding again."""
+    measured = measured or {}
+    taus: dict = {}
+    for name, prop in proposers.items():
+        taus[name] = {}
+        for k in ks:
+            done = measured.get(k, {}).get(name)
+            if done is None:
+                done = summarize(run_prompts(verifier, prop, prompts, k, max_new_tokens, temperature, seed), k)
+            taus[name][k] = done["all"]["tau"]
+    return taus
+
+
 @torch.no_grad()
 def verifier_greedy(verifier, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """transformers' own greedy `generate`, cut after eos: the reference every greedy output must equal."""

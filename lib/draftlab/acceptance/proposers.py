@@ -5,7 +5,8 @@ processed by the verifier) and returns a `Proposal`: the drafted target ids and,
 draft, the distributions `q` they were drawn from (sampling verification needs them; `None`
 means a point mass, as for prompt lookup). After each verifier pass `update` gets the verifier's
 aux hidden states of the positions that pass processed and how many of them were kept, and rolls
-any cache back to them.
+any cache back to them. Here: the interface, the n-gram baseline, and loading a run's trained
+drafts as proposers; the model drafts themselves are in `model_proposers`.
 """
 
 from __future__ import annotations
@@ -59,167 +60,10 @@ class NGramProposer(Proposer):
         return Proposal([])
 
 
-class Eagle3Proposer(Proposer):
-    """EAGLE-3 chain drafting with its own KV cache, aligned as speculators trains it (`shift_batch`):
-    draft row t pairs token x[t+1] with the verifier's aux states of position t (fc over the
-    concatenated aux slots) at position id t+1. Chain positions after the first are fed the draft's
-    own decoder output (pre-norm, or post-norm when the config says `norm_output`), as in the TTT steps."""
-
-    def __init__(self, model, target_vocab: int):
-        self.model, self.target_vocab = model, target_vocab
-        self.name = "eagle3"
-        self.layer_ids = list(model.target_layer_ids)
-        self.device = model.fc.weight.device
-        n = model.lm_head.weight.shape[0]  # draft vocabulary; without d2t it is the target's
-        self.d2t = (
-            model.d2t.to(self.device) if model.d2t is not None else torch.zeros(n, dtype=torch.long, device=self.device)
-        )
-
-    def reset(self, prompt_ids):
-        from transformers import DynamicCache
-
-        self.cache = DynamicCache()
-        self.n_real = 0  # draft rows in the cache fed with verifier states
-        self.pending = torch.empty(0, self.model.fc.in_features, device=self.device, dtype=self.model.fc.weight.dtype)
-
-    def _rows(self, tokens: torch.Tensor, hidden: torch.Tensor, start: int) -> torch.Tensor:
-        """Run len(tokens) rows at positions start+1... through the decoder layers, appending to the cache."""
-        m = self.model
-        n = len(tokens)
-        h = torch.cat([m.embed_tokens(tokens[None]), hidden[None]], dim=-1)
-        past = self.cache.get_seq_length()
-        pos = torch.arange(start + 1, start + 1 + n, device=self.device)[None]
-        mask = torch.full((n, past + n), float("-inf"), device=self.device, dtype=h.dtype)
-        mask = mask.triu(past + 1)[None, None]  # row i sees keys 0..past+i
-        emb = m.rotary_emb(h, pos)
-        for layer in m.layers:
-            h = layer(
-                h,
-                attention_mask=mask,
-                position_ids=pos,
-                past_key_values=self.cache,
-                cache_position=torch.arange(past, past + n, device=self.device),
-                position_embeddings=emb,
-            )
-        return h[0]
-
-    def _head(self, h: torch.Tensor):
-        m = self.model
-        if m.config.norm_output:
-            h = m.norm(h)
-            return m.lm_head(h), h
-        return m.lm_head(m.norm(h)), h
-
-    @torch.no_grad()
-    def propose(self, ids, k, temperature, generator):
-        m = self.model
-        n_new = len(self.pending)
-        if self.n_real + n_new != len(ids) - 1:
-            raise DraftlabError(
-                f"EAGLE-3 proposer out of step: {self.n_real}+{n_new} draft "
-                f"rows for {len(ids)} tokens; call reset(prompt) first."
-            )
-        toks = torch.tensor(ids[self.n_real + 1 :], device=self.device)
-        h = self._rows(toks, m.fc(self._prep(self.pending)), self.n_real)[-1:]
-        self.n_real, self.pending = len(ids) - 1, self.pending[:0]
-        out, qs = [], []
-        for i in range(k):
-            logits, h = self._head(h)
-            q = torch.softmax(logits[-1].float() / max(temperature, 1e-6), -1) if temperature > 0 else None
-            idx = int(torch.multinomial(q, 1, generator=generator)) if q is not None else int(logits[-1].argmax())
-            tok = idx + int(self.d2t[idx])
-            out.append(tok)
-            if q is not None:
-                qs.append(self._to_target(q))
-            if i + 1 < k:
-                h = self._rows(torch.tensor([tok], device=self.device), h, len(ids) - 1 + i)
-        return Proposal(out, torch.stack(qs) if qs else None)
-
-    def _prep(self, aux):
-        """speculators' optional input norms before fc (off by default), as in its forward."""
-        m = self.model
-        if m.input_norm is not None:
-            aux = m.input_norm(aux)
-        if m.fc_norm is not None:
-            aux = torch.cat([nm(c) for nm, c in zip(m.fc_norm, aux.chunk(len(m.fc_norm), -1), strict=True)], -1)
-        return aux
-
-    def _to_target(self, q):
-        """Draft-vocabulary probabilities placed at their target ids (`target = i + d2t[i]`); zero elsewhere."""
-        full = torch.zeros(self.target_vocab, device=q.device)
-        full[torch.arange(len(q), device=q.device) + self.d2t] = q
-        return full
-
-    def update(self, aux, n_kept):
-        """Drop the speculative rows (crop to the rows fed with verifier states); queue the kept aux states."""
-        crop(self.cache, self.n_real)
-        self.pending = torch.cat([self.pending, aux[:n_kept].to(self.device, self.pending.dtype)])
-
-
-class DFlashProposer(Proposer):
-    """DFlash block drafting, as speculators trains it: one block [anchor, mask, ..., mask] at positions
-    anchor..anchor+B-1, where the anchor is the last committed token; its queries attend (non-causally)
-    the fc-projected verifier aux states of every position before the anchor and the block itself.
-    Slot i predicts the token at anchor+i, so slots 1..k are the draft, all from one draft pass.
-    No draft KV cache: the committed context is kept projected and re-attended each step (nothing
-    speculative is stored, so nothing to roll back); at most B-1 tokens per step."""
-
-    def __init__(self, model, target_vocab: int):
-        self.model, self.target_vocab = model, target_vocab
-        self.name, self.layer_ids = "dflash", list(model.target_layer_ids)
-        self.device = model.fc.weight.device
-        n = model.lm_head.weight.shape[0]
-        self.d2t = (
-            model.d2t.to(self.device) if model.d2t is not None else torch.zeros(n, dtype=torch.long, device=self.device)
-        )
-
-    def reset(self, prompt_ids):
-        self.ctx = torch.empty(
-            0,
-            self.model.config.transformer_layer_config.hidden_size,
-            device=self.device,
-            dtype=self.model.fc.weight.dtype,
-        )
-
-    def update(self, aux, n_kept):
-        self.ctx = torch.cat(
-            [self.ctx, self.model.hidden_norm(self.model.fc(aux[:n_kept].to(self.device, self.ctx.dtype)))]
-        )
-
-    @torch.no_grad()
-    def propose(self, ids, k, temperature, generator):
-        m, n, size = self.model, len(ids) - 1, self.model.block_size
-        if len(self.ctx) != n:
-            raise DraftlabError(
-                f"DFlash proposer out of step: {len(self.ctx)} context "
-                f"states for {len(ids)} tokens; call reset(prompt) first."
-            )
-        block = torch.tensor([[ids[-1]] + [m.mask_token_id] * (size - 1)], device=self.device)
-        h = m.embed_tokens(block)
-        pos = torch.arange(n + size, device=self.device)[None]  # context 0..n-1, block n..n+B-1
-        emb = m.rotary_emb(h, pos)
-        mask = torch.zeros(1, 1, size, n + size, device=self.device, dtype=h.dtype)
-        for layer in m.layers:
-            h = layer(
-                target_hidden=self.ctx[None],
-                hidden_states=h,
-                attention_mask=mask,
-                position_ids=pos,
-                position_embeddings=emb,
-            )
-        logits = m.lm_head(m.norm(h))[0, 1 : 1 + min(k, size - 1)].float()
-        if temperature == 0:
-            idx = logits.argmax(-1)
-            return Proposal((idx + self.d2t[idx]).tolist())
-        q = torch.softmax(logits / temperature, -1)  # block slots are drawn independently
-        idx = torch.multinomial(q, 1, generator=generator)[:, 0]
-        full = torch.zeros(len(q), self.target_vocab, device=q.device)
-        full[:, torch.arange(q.shape[1], device=q.device) + self.d2t] = q
-        return Proposal((idx + self.d2t[idx]).tolist(), full)
-
-
 def make_proposer(draft, target_vocab: int) -> Proposer:
     """The proposer for a loaded draft (`load_draft`), by its kind."""
+    from draftlab.acceptance.model_proposers import DFlashProposer, Eagle3Proposer
+
     return {"eagle3": Eagle3Proposer, "dflash": DFlashProposer}[draft.kind](draft.model, target_vocab)
 
 
@@ -269,3 +113,35 @@ def load_draft(path, verifier):
     )
     verify(draft, saved_dtype(path))
     return draft
+
+
+@dataclass
+class RunDrafts:
+    """A run's proposers, each model one with the draft and the checkpoint it was loaded from."""
+
+    proposers: dict[str, Proposer]  # name -> proposer, the n-gram baseline first
+    drafts: dict  # name -> the loaded draftlab `Draft` (model proposers only)
+    paths: dict[str, Path]  # name -> the checkpoint folder it came from
+    notes: list[str]  # per model draft, in order: loaded from where, or why it was skipped
+
+
+def load_run_drafts(layout, verifier, kinds=("ngram", "eagle3", "dflash"), extra=None, ngram_max=3) -> RunDrafts:
+    """The proposers of `kinds` for a run (`RunLayout`): `ngram` (prompt lookup up to
+    `ngram_max` tokens), and each of `eagle3` / `dflash` whose stage-04 checkpoint exists (skipped with a
+    note otherwise): `launch.trained_draft`, final/ or speculators' own save (torchrun), the newer. `extra`
+    ({name: checkpoint folder}) adds or replaces drafts by name, loaded as they are (`load_draft`)."""
+    from draftlab.training.launch import trained_draft
+
+    out = RunDrafts({"ngram": NGramProposer(ngram_max)} if "ngram" in kinds else {}, {}, {}, [])
+    found = {kind: trained_draft(layout.draft(kind)) for kind in ("eagle3", "dflash") if kind in kinds}
+    for name, path in {**found, **{n: Path(p) for n, p in (extra or {}).items()}}.items():
+        if path is None:
+            where = layout.draft(name)
+            out.notes.append(
+                f"{name}: no checkpoint under {where} (final/ or speculators/); skipped (run notebook 04 first)."
+            )
+            continue
+        out.drafts[name], out.paths[name] = load_draft(path, verifier), path
+        out.proposers[name] = make_proposer(out.drafts[name], verifier.vocab_size)
+        out.notes.append(f"{name}: loaded {path} (aux layer ids {out.drafts[name].model.target_layer_ids})")
+    return out

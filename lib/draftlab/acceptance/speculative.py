@@ -44,17 +44,18 @@ def probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def verify_greedy(logits: torch.Tensor, drafted: list[int]) -> tuple[int, int]:
-    """(accepted, bonus): the longest prefix equal to the verifier's argmax, then its next argmax."""
-    best = logits.argmax(-1).tolist()
-    a = 0
-    while a < len(drafted) and drafted[a] == best[a]:
-        a += 1
-    return a, best[a]
+    """(accepted, bonus): the longest prefix equal to the verifier's argmax, then its next argmax.
+    logits: [d+1, V] of the pass over [last token, d_1..d_d]; the prefix is where a running product of matches is 1."""
+    best = logits.argmax(-1)
+    same = best[: len(drafted)] == torch.tensor(drafted, dtype=best.dtype, device=best.device)
+    a = int(same.cumprod(0).sum())
+    return a, int(best[a])
 
 
 def verify_sampled(p: torch.Tensor, proposal: Proposal, generator: torch.Generator) -> tuple[int, int]:
     """(accepted, bonus) by rejection sampling. p: [d+1, V] verifier probabilities; proposal.q: [d, V]
-    draft probabilities, or None for a deterministic proposer (q is then a point mass on the draft)."""
+    draft probabilities, or None for a deterministic proposer (q is then a point mass on the draft).
+    Token by token: one uniform per checked draft, then the resample, in that order, is what a seed reproduces."""
     for i, tok in enumerate(proposal.tokens):
         q = (
             proposal.q[i]
