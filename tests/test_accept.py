@@ -309,14 +309,16 @@ def test_load_run_drafts_finds_the_trained_drafts_skips_the_missing_and_adds_nam
     from draftlab.acceptance.model_proposers import DFlashProposer
     from draftlab.acceptance.proposers import load_run_drafts
     from draftlab.drafts.draft import build_dflash
+    from draftlab.layout import RunLayout
 
-    shutil.copytree(eagle_path, tmp_path / "run" / "drafts" / "eagle3" / "final")
-    loaded = load_run_drafts(tmp_path / "run", tiny, ngram_max=2)
+    layout = RunLayout("tiny", "run", root=tmp_path)
+    shutil.copytree(eagle_path, layout.final("eagle3"))
+    loaded = load_run_drafts(layout, tiny, ngram_max=2)
     assert list(loaded.proposers) == ["ngram", "eagle3"] and loaded.proposers["ngram"].max_n == 2
     assert isinstance(loaded.proposers["eagle3"], Eagle3Proposer) and loaded.paths["eagle3"].name == "final"
     assert loaded.notes[0].startswith("eagle3: loaded") and "dflash: no checkpoint under" in loaded.notes[1]
     build_dflash(tiny, None, block_size=4, num_layers=1).model.save_pretrained(tmp_path / "other")
-    named = load_run_drafts(tmp_path / "run", tiny, ["dflash"], {"mine": tmp_path / "other"})
+    named = load_run_drafts(layout, tiny, ["dflash"], {"mine": tmp_path / "other"})
     assert list(named.proposers) == ["mine"] and isinstance(named.proposers["mine"], DFlashProposer)
     assert named.notes[0].startswith("dflash: no checkpoint") and named.drafts["mine"].kind == "dflash"
 

@@ -361,3 +361,18 @@ def test_set_overrides_a_profile_parameter_and_refuses_an_unknown_one(capsys):
 def test_make_lab_binds_loopback_only():
     lab = re.search(r"^lab:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert "--ip=127.0.0.1" in lab
+
+
+STAGES = {"data": "01", "masks": "02", "drafts": "03", "training": "04", "acceptance": "05", "serving": "vllm serve"}
+CORE = {"__init__", "__main__", "config", "devices", "figures", "layout", "progress", "run"}
+
+
+def test_the_library_is_grouped_by_stage_with_a_small_core_and_no_module_over_250_lines():
+    lib = ROOT / "lib" / "draftlab"
+    assert {p.name for p in lib.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(STAGES)
+    assert {p.stem for p in lib.glob("*.py")} == CORE, "a new top-level module: does it belong to a stage?"
+    for folder, stage in STAGES.items():  # each stage's __init__ says what it takes and gives
+        doc = ast.get_docstring(ast.parse((lib / folder / "__init__.py").read_text())) or ""
+        assert stage in doc.splitlines()[0] and "Takes" in doc and "gives" in doc, folder
+    long = {str(p.relative_to(lib)): n for p in lib.rglob("*.py") if (n := len(p.read_text().splitlines())) > 250}
+    assert not long, f"modules over 250 lines: {long}"

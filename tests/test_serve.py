@@ -87,9 +87,14 @@ def test_an_interrupt_while_servers_start_together_stops_them_all_at_once(where)
             raise DraftlabError("stopped while starting")
 
     servers = {"verifier alone": Starting(False), "eagle3": Starting(True), "dflash": Starting(False)}
+    # Ctrl-C as Python delivers it by default (an earlier test's library may have replaced the handler)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        served.start_together(servers)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            served.start_together(servers)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert time.monotonic() - t0 < 30, "the stop waited for the other starts"
     assert all(s.proc.poll() is not None and group_members(s.proc.pid) == [] for s in servers.values())
 

@@ -652,7 +652,8 @@ def test_compare_reads_both_trainers_checkpoints_on_the_same_packs(tiny, data, s
 
 # The core (top-level modules) and the one stage-01 module training reads: the data's manifest (which
 # verifier, which layer ids, checksums), the contract between stage 01's folders and every later stage.
-HOME = ("draftlab/training/", "draftlab/__init__.py", "draftlab/config.py", "draftlab/progress.py", "draftlab/run.py")
+CORE = ("__init__", "config", "devices", "figures", "layout", "progress", "run")  # as tests/test_project.py's
+HOME = ("draftlab/training/", *(f"draftlab/{m}.py" for m in CORE))
 MANIFEST = "draftlab/data/manifest.py"
 
 
@@ -662,7 +663,7 @@ def test_importing_the_training_entry_point_pulls_in_only_training_and_core():
 
     code = "import sys, draftlab.training.train; print(' '.join(m for m in sys.modules if m.startswith('draftlab')))"
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    core = {"draftlab", "draftlab.config", "draftlab.progress", "draftlab.run"}
+    core = {"draftlab", *(f"draftlab.{m}" for m in CORE if m != "__init__")}
     home = core | {"draftlab.data", "draftlab.data.manifest"}  # the package of the manifest, and the manifest
     away = [m for m in found if m not in home and not m.startswith("draftlab.training")]
     assert "draftlab.training.train" in found and away == []

@@ -243,24 +243,3 @@ def upstream(stage: str, layout, cfg: Base, same: tuple[str, ...] = ("verifier",
                 f"use the same {key}, or re-run notebook {stage} with this one."
             )
     return got
-
-
-def pick_device(device: str = "auto") -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise DraftlabError(f"device={device!r} but no CUDA device is visible; use device='cpu'.")
-    return device
-
-
-def pick_dtype(dtype: str, device: str):
-    """bf16 on GPU, fp32 on CPU unless told otherwise: one dtype for weights and stored states."""
-    import torch
-
-    if dtype == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
-        raise DraftlabError(f"dtype={dtype!r} is not a torch dtype; use auto, float32 or bfloat16.")
-    return getattr(torch, dtype)

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from draftlab import DraftlabError
-from draftlab.config import pick_device, pick_dtype
 from draftlab.data import gqa
 from draftlab.data.embedded import EMBEDDED
 from draftlab.data.verifier_dir import fingerprint, resolve_verifier
+from draftlab.devices import pick_device, pick_dtype
 
 # Prefixes under which wrapper checkpoints store the text model, and what they become.
 WRAPPER_PREFIXES = (("model.language_model.", "model."), ("language_model.", ""), ("text_model.", ""))

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from draftlab import DraftlabError
-from draftlab.config import pick_dtype
 from draftlab.data.extract import default_layer_ids, validate_layer_ids
 from draftlab.data.verifier import Verifier, load_verifier
+from draftlab.devices import pick_dtype
 from draftlab.drafts import norms
 from draftlab.drafts.inputs import _train_config, head_view, pick_mask_token, read_data, shape_source, used_ids
 from draftlab.drafts.validate import check_layer_ids, check_typed, check_vocab, verify
