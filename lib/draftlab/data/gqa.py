@@ -3,7 +3,7 @@
 transformers' sdpa path copies every key/value head once for each query head it serves
 (`repeat_kv`) whenever an attention mask is present, which is every step of batched, left-padded
 generation: a copy of the whole KV cache per layer and token. On the CPU torch's kernel takes the
-grouped heads directly (`enable_gqa=True`): the same greedy tokens, generation 1.3x faster
+grouped heads directly (`enable_gqa=True`): the same greedy tokens, faster generation
 (BENCHMARKS.md, "Generation"). On CUDA transformers' own choice stands (there, GQA with a mask
 falls back to the slow math kernel).
 """

@@ -44,7 +44,7 @@ def inference(model: torch.nn.Module, reuse_graph: bool | None = None):
 
     Where the forward is compiled (CUDA) they run as training does, gradients on and in training
     mode (nothing is backpropagated), so the compiled training graph serves them: no-grad eval mode
-    is a second graph, about 25 s of compiling per draft on the H200. Only a draft without dropout
+    is a second graph to compile per draft (BENCHMARKS.md, "Draft training quality"). Only a draft without dropout
     qualifies, so the outputs are eval mode's; elsewhere eval mode without gradients."""
     reuse = (forward_is_compiled() if reuse_graph is None else reuse_graph) and dropout_free(model)
     was = model.training
@@ -88,8 +88,8 @@ def loader_workers(
 ) -> tuple[int, str]:
     """How many processes read packs ahead of training, and why.
 
-    Reading a pack (Arrow rows to tensors, then speculators' collate) is Python-bound: on the H200
-    it took about as long as a whole training step, so the GPU waited on it every step. On CUDA
+    Reading a pack (Arrow rows to tensors, then speculators' collate) is Python-bound: on a GPU it
+    can take as long as a whole training step (BENCHMARKS.md), so the GPU would wait on it every step. On CUDA
     worker processes read ahead while the GPU trains; on CPU the cores are the trainer's. Workers
     hand packs over through /dev/shm, which containers often keep small.
     """

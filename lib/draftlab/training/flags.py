@@ -26,7 +26,7 @@ Differences from draftlab's loop, stated rather than hidden (speculators 0.9.0, 
 - Data loading: worker processes (`--num-workers`, `--prefetch-factor`) read ahead only within an
   epoch: `train_epoch` iterates the DataLoader afresh each epoch, so every epoch's first pack is read
   while the GPU waits, and validation and saving run between epochs. With two packs an epoch that
-  is half of all steps (issue 21 saw fetch_frac 0.49 on the ci data, H200); no flag changes it, only
+  is half of all steps (BENCHMARKS.md, "The multi-GPU path run for real": fetch_frac); no flag changes it, only
   more packs an epoch (more rows for the pack length) do. Its timer's "fetch" also holds the previous
   step's metric logging (one console line a step at the default `--log-freq 1`; a larger one leaves
   GPU backlog in the next logged step's fetch instead). Pinned memory is always on; spawned workers

@@ -1,15 +1,15 @@
 """Several drafts trained side by side on one GPU, each `train.train` in its own process.
 
 A draft this small leaves the H200 mostly idle: a step is bound by Python, kernel launches and
-reading packs, and the first step is one to two minutes of torch.compile on the CPU. On the H200,
-EAGLE-3 then DFlash one after the other spent 155 s of notebook 04's 348 s compiling. In two
-processes the compiles overlap each other and the steps of the other run. On CPU the cores are
+reading packs, and the first step is a CPU-bound torch.compile that, one run after the other, takes
+a large share of notebook 04 (BENCHMARKS.md, "Draft training quality"). In two processes the
+compiles overlap each other and the steps of the other run. On CPU the cores are
 the trainer's, so there the runs go one after the other in the notebook's process.
 
 Each job trains the very draft the notebook built: its build arguments and initial weights travel
 with the job, so losses and checkpoints are those of an in-process run. The reload check runs where
 the draft trained, right after training (there its graph is compiled already: the notebook's
-process would compile it again, 16 s on the H200); the notebook's draft then takes its weights from
+process would compile it again); the notebook's draft then takes its weights from
 the checked final checkpoint. This is not a distributed trainer: one GPU, independent runs.
 """
 
