@@ -34,7 +34,7 @@ def setup(args):
     from draftlab.data.verifier import load_verifier
     from draftlab.drafts import draft
     from draftlab.layout import RunLayout
-    from draftlab.training import settings, train
+    from draftlab.training import train
 
     p = config.load_profile(args.profile)
     data = RunLayout(p["dataset_name"], args.profile).data  # the runs here train in --run-dir / --save-path
@@ -61,7 +61,6 @@ def setup(args):
         "checkpoint_every",
     )
     s = train.Settings(train_steps=args.steps or p["train_steps"], **{k: p[k] for k in names})
-    settings.configure(d, s)
     return data, v, d, s
 
 
@@ -189,7 +188,7 @@ def run_eval(args) -> dict:
 
     data, v, d, s = setup(args)
     spec = launch.find_checkpoint(args.save_path, "last")  # the same step count as draftlab's final/
-    both = ckpt.compare({"draftlab": Path(args.run_dir) / "final", "speculators": spec}, d, data / "eval", s.pack_len)
+    both = ckpt.compare({"draftlab": Path(args.run_dir) / "final", "speculators": spec}, d, data / "eval", s)
     out: dict = {
         name: {
             "path": r["checkpoint"],
@@ -199,7 +198,7 @@ def run_eval(args) -> dict:
         }
         for name, r in both.items()
     }
-    reload = ckpt.check_reload(ckpt.reload(spec, d), spec, data, s.pack_len)
+    reload = ckpt.check_reload(ckpt.reload(spec, d), spec, data, s)
     out["speculators"]["reload_check"] = {k: reload[k] for k in ("identical tensors", "identical outputs")}
     out["speculators"]["load_draft"] = load_draft(args.save_path, v).choices["checkpoint"][0]  # notebook 05's path
     return out

@@ -35,9 +35,11 @@ def train_tokens(run_dir: Path) -> dict:
     }
 
 
-def last_eval(metrics: Path) -> dict:
+def last_eval(kind: str, metrics: Path) -> dict:
+    from draftlab.training.train import first_accuracy
+
     evals = [json.loads(line) for line in metrics.read_text().splitlines() if '"split": "eval"' in line]
-    return {"step": evals[-1]["step"], "acc_0": evals[-1]["full_acc_0"]} if evals else {}
+    return {"step": evals[-1]["step"], "acc_0": first_accuracy(kind, evals[-1])} if evals else {}
 
 
 def point(name: str, bench_dir: Path) -> dict:
@@ -46,8 +48,8 @@ def point(name: str, bench_dir: Path) -> dict:
     for kind in KINDS:
         metrics = runs[-1].draft(kind) / "metrics.jsonl" if runs else None
         if metrics is not None and metrics.exists():
-            out[f"{kind} eval acc_0"] = last_eval(metrics).get("acc_0")
-            out["steps"] = last_eval(metrics).get("step")
+            out[f"{kind} eval acc_0"] = last_eval(kind, metrics).get("acc_0")
+            out["steps"] = last_eval(kind, metrics).get("step")
     bench = bench_dir / f"bench-{name}.json"
     if bench.exists():
         b = json.loads(bench.read_text())

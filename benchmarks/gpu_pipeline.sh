@@ -86,7 +86,9 @@ sharegpt)
   p="${PROFILE:-gpu}"
   # shellcheck disable=SC2046
   tar czf "$out/$p-sharegpt.tar.gz" $(find "outputs/$p" "outputs/$p-nosharegpt" -type f -size -2M) /tmp/bench-*.json \
-    $(${PY:-python3} -m draftlab.layout "smollm2-$p*" metrics.jsonl 2>/dev/null) $(ls data/runs/smollm2-"$p"*/prompts.jsonl 2>/dev/null) || true
+    $(${PY:-python3} -m draftlab.layout "smollm2-$p*" metrics.jsonl 2>/dev/null) \
+    $(${PY:-python3} -c "from draftlab.layout import RunLayout; import sys; [print(RunLayout(d, '').prompts) for d in sys.argv[1:]]" \
+      "smollm2-$p" "smollm2-$p-nosharegpt" 2>/dev/null) || true
   grep -a -A6 "^notebook " /tmp/before.log /tmp/after.log || true
   for f in "outputs/$p-nosharegpt/01/summary.json" "outputs/$p/01/summary.json"; do
     [ -f "$f" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d, default=str)[:1500])" "$f"
@@ -181,9 +183,9 @@ torchrun)
   # $OUT: the job's log, speculators' log (each line timed), one archive of the small results, the table
   [ -f "$sbs/speculators-log.txt" ] && cp "$sbs/speculators-log.txt" "$out/"
   # shellcheck disable=SC2046
+  read -r run save < "$sbs/paths" 2>/dev/null || true
   tar czf "$out/torchrun-sbs.tar.gz" -C "$sbs" $(cd "$sbs" && ls ./*.json ./*.jsonl ./*.sh ./*.csv ./*.md 2>/dev/null) \
-    -C "$PWD" $(ls data/runs/*/sbs/draftlab/metrics.jsonl data/runs/*/sbs/speculators/{*.yaml,*.txt,[0-9]*/*.json} \
-    2>/dev/null) || true
+    -C / $(ls "$run/metrics.jsonl" "$save"/{*.yaml,*.txt,[0-9]*/*.json} 2>/dev/null | sed 's|^/||') || true
   [ -f "$sbs/table.md" ] && cp "$sbs/table.md" "$out/"
   grep -a -E "^(\+ |.*(Error|error:|Traceback))" "$log" | tail -n 40 || true
   for f in draftlab speculators eval; do [ -f "$sbs/$f.json" ] && { echo "== $f"; head -c 1500 "$sbs/$f.json"; echo; }; done
@@ -194,8 +196,10 @@ torchrun-job)
   install_once
   set -x
   p="${PROFILE:-gpu}"; py="${PY:-python3}"; sbs=/tmp/sbs; rm -rf "$sbs"; mkdir -p "$sbs"
-  ds=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['dataset_name'])")
-  data="data/runs/$ds"; run="$data/sbs/draftlab"; save="$data/sbs/speculators"
+  # the side-by-side run's folders, from the run layout (run name "sbs"): draftlab's loop, speculators' save
+  read -r ds data run save < <($py -c "from draftlab.config import load_profile; from draftlab.layout import RunLayout
+lay = RunLayout(load_profile('$p')['dataset_name'], 'sbs'); print(lay.dataset_name, lay.data, lay.draft('eagle3'), lay.speculators_save('eagle3'))")
+  echo "$run $save" > "$sbs/paths"
   opt=(${STEPS:+--steps "$STEPS"} ${DEVICE:+--device "$DEVICE"} ${DTYPE:+--dtype "$DTYPE"})
   [ -f "$data/train/manifest.json" ] || $py -m draftlab run --profile "$p" --only 01
   # AFTER: a file to wait for (another job's .rc) so that the timed part runs alone on the GPU

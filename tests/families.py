@@ -290,7 +290,7 @@ def training(built: dict, run: Path) -> dict[str, Path]:
         assert len(losses) == 3 and all(math.isfinite(x) for x in losses), f"{kind}: losses {losses}"
         moved = [n for n, p in d.model.named_parameters() if n in before and not torch.equal(p, before[n])]
         assert moved, f"{kind}: two steps changed no trainable weight"
-        r = check_reload(d, folder / "final", run, s.pack_len)
+        r = check_reload(d, folder / "final", run, s)
         assert r["identical tensors"] and r["identical outputs"], f"{kind}: reload {r}"
         finals[kind] = folder / "final"
     return finals

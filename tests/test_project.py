@@ -92,6 +92,8 @@ def test_a_parameters_cell_holds_only_profile_run_name_and_overrides(path):
     assert len("".join(cell["source"]).splitlines()) < 10
     code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
     assert f'config.start_stage("{path.name[:2]}", profile, run_name, overrides)' in code
+    last = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"][-1]
+    assert "".join(last["source"]).startswith(f'layout.finish("{path.name[:2]}")'), "the last cell marks the stage done"
 
 
 def test_profiles_set_exactly_the_keys_the_stages_read():
@@ -119,7 +121,7 @@ def test_profiles_set_exactly_the_keys_the_stages_read():
 
 def test_stage_config_refuses_unknown_missing_and_mistyped_keys_and_writes_what_it_resolved(tmp_path, monkeypatch):
     from draftlab import DraftlabError
-    from draftlab.config import Train, load_stage, start_stage, upstream
+    from draftlab.config import Train, load_stage, start_stage
 
     home = tmp_path / "home"
     shutil.copytree(ROOT / "notebooks" / "params", home / "notebooks" / "params")
@@ -145,13 +147,22 @@ def test_stage_config_refuses_unknown_missing_and_mistyped_keys_and_writes_what_
     assert saved["config"]["extra_samples"] == 3 and saved["overrides"] == {"extra_samples": 3}
     assert layout.resolved_config("01").parent == layout.data  # 01's lies in the dataset every run reads
     later, layout_b = start_stage("04", "ci", "b")
-    assert upstream("01", layout_b, later)["draft_vocab_size"] == first.draft_vocab_size
+    with pytest.raises(DraftlabError, match="stage 01 started but did not finish .* run notebook 01 to its end"):
+        layout_b.upstream("01", later)  # 01 stopped (an error, an interrupt): its config claims nothing
+    layout.finish("01")
+    assert layout_b.upstream("01", later)["draft_vocab_size"] == first.draft_vocab_size
     assert layout_b.resolved_config("04") == home / "outputs" / "b" / "04" / "config.json"
-    assert layout_b.resolved_config("04").exists()
+    assert layout_b.upstream("04", later, required=False) is None  # started, not finished
+    layout_b.finish("04")
+    assert layout_b.upstream("04", later, required=False)["train_steps"] == later.train_steps
+    start_stage("01", "ci", "a", {"extra_samples": 3})  # 01 started again: unfinished until it ends
+    with pytest.raises(DraftlabError, match="stage 01 started but did not finish"):
+        layout_b.upstream("01", later)
+    layout.finish("01")
     with pytest.raises(DraftlabError, match="verifier='other' here, but stage 01 ran with verifier='smollm2'"):
-        upstream("01", layout_b, dataclasses.replace(later, verifier="other"))
-    with pytest.raises(DraftlabError, match="no resolved config of stage 04 .* run notebook 04"):
-        upstream("04", type(layout_b)(layout_b.dataset_name, "c"), later)
+        layout_b.upstream("01", dataclasses.replace(later, verifier="other"))
+    with pytest.raises(DraftlabError, match="stage 04 has no resolved config .* run notebook 04"):
+        type(layout_b)(layout_b.dataset_name, "c").upstream("04", later)
 
 
 def test_two_runs_on_one_dataset_keep_their_own_drafts():

@@ -132,7 +132,7 @@ def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data, la
         r["seconds"] > 0 and 0 < round(r["tokens_per_s"] * r["seconds"]) <= 96 for r in train_rec
     )  # tokens of one pack
     assert summary("eagle3", rec)["first step (s)"] == train_rec[0]["seconds"]
-    r = check_reload(d, final_checkpoint(layout, "eagle3"), data, 96)
+    r = check_reload(d, final_checkpoint(layout, "eagle3"), data, Settings(**S))
     assert r["identical tensors"] and r["identical outputs"] and r["loss"] == r["reloaded loss"]
 
 
@@ -411,12 +411,15 @@ def test_offline_alpha_drafts_k_positions_and_leaves_the_draft_as_it_was(tiny, d
     from draftlab.acceptance.evaluate import offline_alpha
 
     d = make(tiny, data)
-    train(d, data, Settings(**{**S, "train_steps": 10}), tmp_path / "run", progress=False)
-    before = dict(d.train_kwargs)
+    built = dict(d.train_kwargs)
+    train(d, data, Settings(**{**S, "train_steps": 10, "ttt_steps": 2}), tmp_path / "run", progress=False)
+    assert d.train_kwargs == built, "training passes its TTT steps to each forward; the draft keeps its own"
+    choices = dict(d.choices)
     three, five = offline_alpha(d, data / "eval", k=3), offline_alpha(d, data / "eval", k=5)
     assert len(three) == 3 and len(five) == 5 and all(0.0 <= a <= 1.0 for a in five)
     assert five[:3] == pytest.approx(three), "a position's teacher-forced acceptance cannot depend on later positions"
-    assert d.train_kwargs == before and len(offline_alpha(d, data / "eval")) == before["ttt_steps"]
+    assert d.train_kwargs == built and len(offline_alpha(d, data / "eval")) == built["ttt_steps"]
+    assert d.choices == choices, "a forward records nothing on the draft"
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
@@ -428,9 +431,9 @@ def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data
 
     d = make(tiny, data, kind)
     assert dropout_free(d.model)
-    d.train_kwargs.update(max_anchors=8) if kind == "dflash" else d.train_kwargs.update(ttt_steps=2)
+    options = {"max_anchors": 8} if kind == "dflash" else {"ttt_steps": 2}
     packs = Packs(d, open_split(d, data / "eval", 96), 96, 0)
-    plain, reused = evaluate(d, packs, reuse_graph=False), evaluate(d, packs, reuse_graph=True)
+    plain, reused = evaluate(d, packs, reuse_graph=False, **options), evaluate(d, packs, reuse_graph=True, **options)
     assert d.model.training and all(p.grad is None for p in d.model.parameters())
     for r in (plain, reused):
         r.pop("tokens_per_s"), r.pop("seconds")
@@ -447,7 +450,7 @@ def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, layout, monke
     seen = []
     d.model.register_forward_pre_hook(lambda m, _args: seen.append((m.training, torch.is_grad_enabled())))
     d.model.eval()
-    r = check_reload(d, run / "final", data, 96)
+    r = check_reload(d, run / "final", data, Settings(**S))
     assert r["identical tensors"] and r["identical outputs"] and seen == [(True, True)] and not d.model.training
 
 
@@ -475,18 +478,25 @@ def test_drafts_trained_side_by_side_in_processes_equal_in_process_runs(tiny, da
 
     s = Settings(**{**S, "train_steps": 6, "eval_every": 3, "checkpoint_every": 3})
     here, there = built(), built()
-    runs, _, want_reloads = train_drafts(here, layout, s, side=False, progress=False)
-    want = {k: [(r["split"], r["loss"]) for r in read_metrics(run)] for k, run in runs.items()}
-    runs, seconds, reloads = train_drafts(there, layout, s, side=True, progress=False)
-    assert {k: [(r["split"], r["loss"]) for r in read_metrics(run)] for k, run in runs.items()} == want
-    assert reloads == want_reloads and all(r["identical tensors"] and r["identical outputs"] for r in reloads.values())
-    assert set(seconds) == {"eagle3", "dflash"} and all(x > 0 for x in seconds.values())
-    for k in here:  # the trained weights came back into the notebook's drafts
-        b = there[k].model.state_dict()
-        assert all(torch.equal(t, b[n]) for n, t in here[k].model.state_dict().items()), k
-        assert there[k].choices["training"][0] == "2 processes side by side" and "data loading" in there[k].report()
-    assert check_reload(there["eagle3"], final_checkpoint(layout, "eagle3"), data, 96)["identical outputs"]
-    assert sorted(p.name for p in (runs["dflash"] / "job").iterdir()) == ["log.txt", "result.json"]
+    untrained = {k: {n: t.clone() for n, t in d.model.state_dict().items()} for k, d in there.items()}
+    in_process = train_drafts(here, layout, s, side=False, progress=False)
+    assert all(in_process.drafts[k] is here[k] for k in here), "in this process the drafts train in place"
+    want = {k: [(r["split"], r["loss"]) for r in read_metrics(run)] for k, run in in_process.runs.items()}
+    side = train_drafts(there, layout, s, side=True, progress=False)
+    assert {k: [(r["split"], r["loss"]) for r in read_metrics(run)] for k, run in side.runs.items()} == want
+    assert side.reloads == in_process.reloads
+    assert all(r["identical tensors"] and r["identical outputs"] for r in side.reloads.values())
+    assert set(side.seconds) == {"eagle3", "dflash"} and all(x > 0 for x in side.seconds.values())
+    for k in here:  # the trained drafts come back; the ones handed in are left as they were
+        b, t = side.drafts[k].model.state_dict(), there[k].model.state_dict()
+        assert all(torch.equal(x, b[n]) for n, x in here[k].model.state_dict().items()), k
+        assert all(torch.equal(x, t[n]) for n, x in untrained[k].items()), f"{k}: the caller's draft was written to"
+        got = side.drafts[k]
+        assert got.choices["training"][0] == "2 processes side by side" and "data loading" in got.report()
+        assert "training" not in there[k].choices
+    final = final_checkpoint(layout, "eagle3")
+    assert check_reload(side.drafts["eagle3"], final, data, Settings(**S))["identical outputs"]
+    assert sorted(p.name for p in (side.runs["dflash"] / "job").iterdir()) == ["log.txt", "result.json"]
 
 
 def test_a_run_failing_in_its_process_is_raised_with_its_reason_and_log(tiny, data, layout):
@@ -644,7 +654,7 @@ def test_compare_reads_both_trainers_checkpoints_on_the_same_packs(tiny, data, s
     root, _ = speculators_save
     d = make(tiny, data)
     run = train(d, data, Settings(**{**S, "train_steps": 2}), tmp_path / "run", progress=False)
-    got = compare({"draftlab": run / "final", "speculators": root}, d, data / "eval", S["pack_len"])
+    got = compare({"draftlab": run / "final", "speculators": root}, d, data / "eval", Settings(**S))
     assert got["draftlab"]["checkpoint"] == str(run / "final") and got["speculators"]["checkpoint"] == str(root / "2")
     assert all(0.0 <= r["eval first-position accuracy"] <= 1.0 and r["eval loss"] > 0 for r in got.values())
     assert got["draftlab"]["eval loss"] != got["speculators"]["eval loss"]  # different weights, different numbers

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import types
 import typing
@@ -214,32 +213,13 @@ def load_stage(stage: str, profile: str, overrides: dict | None = None) -> Base:
 
 def start_stage(stage: str, profile: str, run_name: str, overrides: dict | None = None):
     """What a notebook's second cell calls: its config, its run's `RunLayout`, and the resolved config
-    written beside the stage's outputs (the next stages read it instead of re-deriving it)."""
-    from draftlab.layout import RunLayout
+    written beside the stage's outputs, marked unfinished until the notebook's last cell calls
+    `layout.finish(stage)` (the next stages read it through `layout.upstream` instead of re-deriving it,
+    and refuse an unfinished one)."""
+    from draftlab.layout import RunLayout, write_json
 
     cfg = load_stage(stage, profile, overrides)
     layout = RunLayout(cfg.dataset_name, run_name)
-    path = layout.resolved_config(stage)
-    path.parent.mkdir(parents=True, exist_ok=True)
     record = {"stage": stage, "profile": profile, "run_name": run_name, "overrides": overrides or {}}
-    path.write_text(json.dumps({**record, "config": asdict(cfg)}, indent=1))
+    write_json(layout.resolved_config(stage), {**record, "finished": None, "config": asdict(cfg)})
     return cfg, layout
-
-
-def upstream(stage: str, layout, cfg: Base, same: tuple[str, ...] = ("verifier",)) -> dict:
-    """The resolved config an earlier stage wrote for this run (01's: for this dataset), refused when it
-    is missing or when a key in `same` differs from `cfg` (e.g. a dataset extracted for another verifier)."""
-    path = layout.resolved_config(stage)
-    if not path.exists():
-        raise DraftlabError(
-            f"no resolved config of stage {stage} at {path}: run notebook {stage} for dataset "
-            f"{layout.dataset_name!r} (run {layout.run_name!r}) first, e.g. draftlab run --only {stage}."
-        )
-    got = json.loads(path.read_text())["config"]
-    for key in same:
-        if got[key] != getattr(cfg, key):
-            raise DraftlabError(
-                f"{key}={getattr(cfg, key)!r} here, but stage {stage} ran with {key}={got[key]!r} ({path}): "
-                f"use the same {key}, or re-run notebook {stage} with this one."
-            )
-    return got

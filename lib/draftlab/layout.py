@@ -9,6 +9,10 @@ never overwrite each other. Figures, tables and each stage's resolved config go 
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +89,42 @@ class RunLayout:
         """The config a stage ran with, as JSON. 01's sits in the dataset it describes (every run on the
         dataset reads it); the others beside the stage's outputs."""
         return self.data / "config.json" if stage == "01" else self.stage(stage) / "config.json"
+
+    def finish(self, stage: str) -> None:
+        """A notebook's last cell: its resolved config marked finished, with the time (`upstream` reads it)."""
+        saved = json.loads(self.resolved_config(stage).read_text())
+        write_json(self.resolved_config(stage), {**saved, "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+    def upstream(self, stage: str, cfg, same: tuple[str, ...] = ("verifier",), required: bool = True) -> dict | None:
+        """The resolved config an earlier stage wrote for this run (01's: for this dataset), refused when it
+        is missing or unfinished (`required=False`: None then) or when a key in `same` differs from `cfg`
+        (e.g. a dataset extracted for another verifier)."""
+        path = self.resolved_config(stage)
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        if not saved.get("finished"):
+            if not required:
+                return None
+            how = "started but did not finish" if saved else "has no resolved config"
+            raise DraftlabError(
+                f"stage {stage} {how} ({path}) for dataset {self.dataset_name!r}, run {self.run_name!r}: "
+                f"run notebook {stage} to its end first (draftlab run --only {stage}; 01 resumes what it finished)."
+            )
+        for key in same:
+            if saved["config"][key] != getattr(cfg, key):
+                raise DraftlabError(
+                    f"{key}={getattr(cfg, key)!r} here, but stage {stage} ran with {key}={saved['config'][key]!r} "
+                    f"({path}): use the same {key}, or re-run notebook {stage} with this one."
+                )
+        return saved["config"]
+
+
+def write_json(path: Path, record: dict) -> None:
+    """Under a name no other writer uses, then renamed: two runs on one dataset both write 01's config."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(record, indent=1))
+    os.replace(tmp, path)
 
 
 def dataset_and_folder(data, folder, pick, what: str) -> tuple[Path, Path]:

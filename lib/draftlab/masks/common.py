@@ -52,8 +52,9 @@ def document_lengths(seq_len: int, docs: int, fill: float = 0.9, seed: int = 0) 
 
 
 def synthetic_pack(lengths: list[int], total_len: int, prompt_share: float = 0.4) -> dict:
-    """A packed batch made by speculators' own CollateFn, from documents of the given lengths."""
-    from speculators.train.data import CollateFn
+    """A packed batch made by speculators' own CollateFn (`training.data.collate`, as training packs),
+    from documents of the given lengths."""
+    from draftlab.training.data import collate
 
     samples = []
     for n in lengths:
@@ -68,7 +69,7 @@ def synthetic_pack(lengths: list[int], total_len: int, prompt_share: float = 0.4
                 "position_ids": torch.arange(n),
             }
         )
-    return CollateFn(total_len, hidden_size=1, num_target_layers=1, dtype=torch.float32)(samples)
+    return collate(samples, total_len, 1, 1, torch.float32)
 
 
 def real_pack(datapath, total_len: int, start: int = 0) -> dict:

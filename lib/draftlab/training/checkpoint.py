@@ -182,7 +182,7 @@ def saved_dtype(path: Path) -> torch.dtype | None:
     return dtype if isinstance(dtype, torch.dtype) else None
 
 
-def reload_check(like: Draft, path: Path, batch: dict) -> dict:
+def reload_check(like: Draft, path: Path, batch: dict, options: dict | None = None) -> dict:
     """Reload `path` through speculators and run it and `like` on one batch, same seed, same mode
     (`device.inference`: on CUDA the compiled training graph, no second compile).
     The original is re-run rather than remembered: another code path (hooks under torch.compile)
@@ -196,7 +196,7 @@ def reload_check(like: Draft, path: Path, batch: dict) -> dict:
     for d in (like, again):
         with inference(d.model), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            outs.append(forward(d, batch))
+            outs.append(forward(d, batch, **(options or {})))
     (t1, l1, m1), (t2, l2, m2) = outs
     tokens_same = (
         t1 is None and t2 is None or all(torch.equal(a, b) for a, b in zip(t1, t2, strict=True))
@@ -205,20 +205,22 @@ def reload_check(like: Draft, path: Path, batch: dict) -> dict:
     return {"loss": l1.item(), "reloaded loss": l2.item(), "identical tensors": same_tensors, "identical outputs": same}
 
 
-def compare(paths: dict, like: Draft, eval_dir: Path, pack_len: int) -> dict:
+def compare(paths: dict, like: Draft, eval_dir: Path, settings) -> dict:
     """Checkpoints of one draft kind from either trainer (draftlab's `final/`, a speculators `--save-path`)
     on the same held-out packs, so a user switching trainers compares like with like. A speculators save
     is read at its last epoch: the same optimizer steps as a finished draftlab run (its checkpoint_best
-    is chosen on speculators' own 10% split)."""
+    is chosen on speculators' own 10% split). `settings` (a `Settings`): the pack length and forward
+    options both were trained with."""
     from draftlab.training import launch, train
     from draftlab.training.data import Packs, open_split
     from draftlab.training.forward import evaluate
+    from draftlab.training.settings import forward_options
 
-    packs = Packs(like, open_split(like, eval_dir, pack_len), pack_len, 0)
+    packs = Packs(like, open_split(like, eval_dir, settings.pack_len), settings.pack_len, 0)
     out = {}
     for name, path in paths.items():
         found = launch.find_checkpoint(path, "last")
-        r = evaluate(reload(found, like), packs)
+        r = evaluate(reload(found, like), packs, **forward_options(like.kind, settings))
         out[name] = {
             "checkpoint": str(found),
             "eval first-position accuracy": train.first_accuracy(like.kind, r),
@@ -228,10 +230,12 @@ def compare(paths: dict, like: Draft, eval_dir: Path, pack_len: int) -> dict:
     return out
 
 
-def check_reload(draft, path: Path, data: Path, pack_len: int) -> dict:
-    """Reload a checkpoint through speculators and compare its outputs with the draft's on one held-out pack."""
+def check_reload(draft, path: Path, data: Path, settings) -> dict:
+    """Reload a checkpoint through speculators and compare its outputs with the draft's on one held-out pack,
+    with the pack length and forward options of `settings` (the `Settings` it trained with)."""
     from draftlab.training.data import Packs, open_split
+    from draftlab.training.settings import forward_options
 
-    return reload_check(
-        draft, path, next(Packs(draft, open_split(draft, Path(data) / "eval", pack_len), pack_len, 0).all())
-    )
+    n = settings.pack_len
+    batch = next(Packs(draft, open_split(draft, Path(data) / "eval", n), n, 0).all())
+    return reload_check(draft, path, batch, forward_options(draft.kind, settings))

@@ -30,7 +30,7 @@ def check_batch_dtype(batch: dict, dtype: torch.dtype, cast: bool = False) -> di
     name = str(dtype).removeprefix("torch.")
     raise DraftlabError(
         f"batch tensors {sorted(wrong)} are {sorted({str(d).removeprefix('torch.') for d in wrong.values()})} but the "
-        f"draft is {name}; collate with CollateFn(..., dtype=torch.{name}), "
+        f"draft is {name}; collate with draftlab.training.data.collate(..., dtype=torch.{name}), "
         f"pass cast=True, or build the draft with dtype={name!r}."
     )
 
@@ -48,16 +48,16 @@ def check_width(layer_ids: list[int], hidden_size: int, width: int) -> None:
 
 def forward(draft, batch: dict, cast: bool = False, **overrides):
     """speculators' training forward on one packed batch, after draftlab's checks; a pack length
-    the flex BlockMask cannot serve is padded (and the choice recorded). `overrides` replace
-    forward kwargs of `train_kwargs` for this call only (e.g. ttt_steps)."""
+    the flex BlockMask cannot serve is padded (no loss on the tail; `training.data.Packs` packs to that
+    length already, and `train` records it). `overrides` replace forward kwargs of `train_kwargs` for
+    this call only (`settings.forward_options`: TTT steps, DFlash anchors). The draft is not written to."""
     for impl in attention_settings(draft.model):  # every call: a setting changed after build would mask nothing
         require_impl(impl)
     batch = check_batch_dtype(batch, draft.dtype, cast)
     check_width(draft.model.target_layer_ids, draft.verifier.hidden_size, batch["hidden_states"].shape[-1])
-    n, why = pack_length(batch["input_ids"].shape[1], draft.kind, draft.attention)
+    n, _ = pack_length(batch["input_ids"].shape[1], draft.kind, draft.attention)
     if n != batch["input_ids"].shape[1]:
         batch = pad_batch(batch, n)
-        draft.choices["pack length"] = (n, why)
     check_pack(batch, draft.kind, draft.attention)
     device = draft.device
     return draft.model(**{k: batch[k].to(device) for k in INPUTS if k in batch}, **{**draft.train_kwargs, **overrides})
@@ -69,17 +69,17 @@ def normalise(sums: dict) -> dict:
     return normalize_counted_metrics({k: float(v) for k, v in sums.items()})
 
 
-def evaluate(draft, packs, limit: int | None = None, seed: int = 0, reuse_graph: bool | None = None) -> dict:
+def evaluate(draft, packs, limit: int | None = None, seed: int = 0, reuse_graph: bool | None = None, **options) -> dict:
     """Held-out metrics over `packs` (a `training.data.Packs`), summed over packs before dividing (so each
     token counts once). RNG is forked and seeded, so DFlash's random anchors are the same at every
     evaluation and training's random stream is untouched. On CUDA the compiled training graph serves
-    it (`device.inference`)."""
+    it (`device.inference`). `options`: the forward options training runs with (`forward`'s overrides)."""
     sums: dict = {}
     n, t0 = 0, time.perf_counter()
     with torch.random.fork_rng(devices=[]), inference(draft.model, reuse_graph):
         torch.manual_seed(seed)
         for batch in packs.all(limit):
-            _, _, m = forward(draft, batch)
+            _, _, m = forward(draft, batch, **options)
             for k, v in m.items():
                 sums[k] = sums.get(k, 0) + v.detach().float().cpu()
             n += tokens(batch)

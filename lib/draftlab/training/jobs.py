@@ -9,8 +9,10 @@ the trainer's, so there the runs go one after the other in the notebook's proces
 Each job trains the very draft the notebook built: its build arguments and initial weights travel
 with the job, so losses and checkpoints are those of an in-process run. The reload check runs where
 the draft trained, right after training (there its graph is compiled already: the notebook's
-process would compile it again); the notebook's draft then takes its weights from
-the checked final checkpoint. This is not a distributed trainer: one GPU, independent runs.
+process would compile it again). The trained drafts come back as the result (`Trained.drafts`):
+in this process they are the drafts handed in, trained in place as `train.train` trains; side by
+side, each is reloaded from its checked final checkpoint and the drafts handed in are left as they
+were. This is not a distributed trainer: one GPU, independent runs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -50,12 +52,21 @@ def side_by_side(device: str, runs: int, cpus: int | None = None, requested: boo
     )
 
 
+@dataclass(frozen=True)
+class Trained:
+    """What `train_drafts` gives back, per kind."""
+
+    drafts: dict  # kind -> the trained `Draft` (use these: side by side, the ones handed in stay untrained)
+    runs: dict[str, Path]  # kind -> run folder (metrics.jsonl, checkpoints/, final/)
+    seconds: dict[str, float]  # kind -> wall seconds of its run
+    reloads: dict[str, dict]  # kind -> `checkpoint.check_reload` of its final checkpoint against the trained draft
+
+
 def train_drafts(
     drafts: dict, layout: RunLayout, settings: tr.Settings, *, side: bool | None = None, progress: bool = True
-) -> tuple[dict[str, Path], dict[str, float], dict[str, dict]]:
-    """Train every draft on the run's dataset, each in the run's `layout.draft(kind)`; returns run folders,
-    each run's seconds, and `checkpoint.check_reload` of each final checkpoint against the trained draft.
-    `side` forces the choice `side_by_side` would make."""
+) -> Trained:
+    """Train every draft on the run's dataset, each in the run's `layout.draft(kind)`. `side` forces the
+    choice `side_by_side` would make."""
     if not isinstance(layout, RunLayout):
         raise DraftlabError(
             f"train_drafts takes the run's RunLayout (it names each draft's folder), not {type(layout).__name__}."
@@ -67,26 +78,26 @@ def train_drafts(
         )
     device = str(next(iter(drafts.values())).device)
     on, why = side_by_side(device, len(drafts), requested=side)
-    for d in drafts.values():
-        d.choices["training"] = (f"{len(drafts)} processes side by side" if on else "in this process", why)
+    training = (f"{len(drafts)} processes side by side" if on else "in this process", why)
     if on:
-        return _in_processes(drafts, layout, settings, progress)
+        return _in_processes(drafts, layout, settings, progress, training)
     runs, seconds, reloads = {}, {}, {}
     for kind, d in drafts.items():
+        d.choices["training"] = training  # trained in place: these are the drafts given back
         runs[kind], seconds[kind], reloads[kind] = _train_and_check(
             d, layout.data, layout.draft(kind), settings, progress
         )
-    return runs, seconds, reloads
+    return Trained(dict(drafts), runs, seconds, reloads)
 
 
 def _train_and_check(d, data: Path, run_dir: Path, settings: tr.Settings, progress: bool) -> tuple[Path, float, dict]:
     t0 = time.perf_counter()
     run = tr.train(d, data, settings, run_dir, progress=progress)
     seconds = time.perf_counter() - t0
-    return run, seconds, check_reload(d, run / "final", data, settings.pack_len)
+    return run, seconds, check_reload(d, run / "final", data, settings)
 
 
-def _in_processes(drafts: dict, layout: RunLayout, settings: tr.Settings, progress: bool):
+def _in_processes(drafts: dict, layout: RunLayout, settings: tr.Settings, progress: bool, training: tuple):
     from draftlab.progress import progress_bar
 
     env = {
@@ -114,7 +125,7 @@ def _in_processes(drafts: dict, layout: RunLayout, settings: tr.Settings, progre
             bar.close()
         for _, _, log in jobs.values():
             log.close()
-    return _collect(drafts, jobs)
+    return _collect(drafts, jobs, training)
 
 
 def _start(kind: str, d, layout: RunLayout, settings: tr.Settings, env: dict):
@@ -155,10 +166,10 @@ def _show(bars: dict, jobs: dict) -> None:
         bar.update((path.read_text().count('"split": "train"') if path.exists() else 0) - bar.n)
 
 
-def _collect(drafts: dict, jobs: dict):
-    from draftlab.training.checkpoint import load_model
+def _collect(drafts: dict, jobs: dict, training: tuple) -> Trained:
+    from draftlab.training.checkpoint import reload
 
-    runs, seconds, reloads, failed = {}, {}, {}, []
+    trained, runs, seconds, reloads, failed = {}, {}, {}, {}, []
     for kind, (p, job, _) in jobs.items():
         result = (
             json.loads((job / "result.json").read_text())
@@ -168,17 +179,15 @@ def _collect(drafts: dict, jobs: dict):
         if "error" in result:
             failed.append(f"{kind}: {result['error']} (log: {job / 'log.txt'})")
             continue
-        d, run = drafts[kind], Path(result["run"])
-        final = load_model(
-            run / "final", type(d.model), d.attention, d.device, d.dtype
-        )  # checked equal to the trained draft
-        d.model.load_state_dict(final.state_dict())
+        run = Path(result["run"])
+        d = trained[kind] = reload(run / "final", drafts[kind])  # checked equal to the trained draft there
         (job / "job.pt").unlink()  # a failed job keeps it, to re-run
         d.choices.update({what: tuple(cw) for what, cw in result["choices"].items() if what != "training"})
+        d.choices["training"] = training
         runs[kind], seconds[kind], reloads[kind] = run, result["seconds"], result["reload"]
     if failed:
         raise DraftlabError("training failed in its process: " + "; ".join(failed))
-    return runs, seconds, reloads
+    return Trained(trained, runs, seconds, reloads)
 
 
 def _job(job: Path) -> None:

@@ -55,12 +55,12 @@ class Settings:
             raise DraftlabError(f"learning_rate={self.learning_rate}: must be above 0.")
 
 
-def configure(draft, s: Settings) -> None:
-    """Per-kind forward options from the settings: TTT steps and decay, or DFlash anchors."""
-    if draft.kind == "eagle3":
-        draft.train_kwargs.update(ttt_steps=s.ttt_steps, ttt_step_loss_decay=s.ttt_step_loss_decay)
-    else:
-        draft.train_kwargs.update(max_anchors=s.n_anchors)
+def forward_options(kind: str, s: Settings) -> dict:
+    """Per-kind forward options from the settings (TTT steps and decay, or DFlash anchors): passed to
+    every training and evaluation forward, on top of the draft's own `train_kwargs`, which stay as built."""
+    if kind == "eagle3":
+        return {"ttt_steps": s.ttt_steps, "ttt_step_loss_decay": s.ttt_step_loss_decay}
+    return {"max_anchors": s.n_anchors}
 
 
 def optimizer_and_schedule(draft, s: Settings):

@@ -28,7 +28,7 @@ from draftlab.training.data import Packs, open_split, tokens
 from draftlab.training.device import loader_workers
 from draftlab.training.forward import evaluate, forward, normalise
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
-from draftlab.training.settings import CADENCE, Settings, configure, optimizer_and_schedule
+from draftlab.training.settings import CADENCE, Settings, forward_options, optimizer_and_schedule
 
 
 def run_folder(layout: RunLayout, kind: str) -> Path:
@@ -114,7 +114,7 @@ def train(
         )
     s = settings or Settings()
     data, run_dir = dataset_and_folder(data, run_dir, lambda lay: lay.draft(draft.kind), "train()")
-    configure(draft, s)
+    options = forward_options(draft.kind, s)
     train_packs = Packs(draft, open_split(draft, data / "train", s.pack_len), s.pack_len, s.seed)
     eval_packs = Packs(draft, open_split(draft, data / "eval", s.pack_len), s.pack_len, 0)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,9 @@ def train(
     end = min(s.train_steps, stop_after or s.train_steps)
     metrics_path = run_dir / "metrics.jsonl"
     workers, why = loader_workers(s.loader_workers, str(draft.device))
+    # what this run chose, recorded on the draft it trains (its `report()` shows them)
     draft.choices["data loading"] = (f"{workers} loader processes" if workers else "in process", why)
+    draft.choices["pack length"] = (train_packs.length, train_packs.why)
     draft.model.train()
     bar = progress_bar(total=end, initial=step, desc=f"train {draft.kind}", disable=not progress)
     t0 = time.perf_counter()
@@ -136,7 +138,7 @@ def train(
     with closing(batches):  # a stop (NaN, interrupt) ends the loader's worker processes at once
         for batch, position in batches:
             lr = sched.get_last_lr()[0]
-            _, loss, m = forward(draft, batch)
+            _, loss, m = forward(draft, batch, **options)
             if not torch.isfinite(loss):
                 raise DraftlabError(
                     f"loss is {loss.item()} at step {step + 1}: training stopped. "
@@ -171,7 +173,8 @@ def train(
             bar.set_postfix(loss=f"{record['loss']:.3f}", acc0=f"{first_accuracy(draft.kind, record):.2f}")
             if step % s.eval_every == 0 or step == s.train_steps:
                 _log(
-                    metrics_path, {"step": step, "split": "eval", "lr": lr, **evaluate(draft, eval_packs, s.eval_packs)}
+                    metrics_path,
+                    {"step": step, "split": "eval", "lr": lr, **evaluate(draft, eval_packs, s.eval_packs, **options)},
                 )
             if step % s.checkpoint_every == 0 or step == end:
                 ckpt.save(run_dir, draft, step, opt, sched, train_packs.position(step), hp, s.keep_checkpoints)
