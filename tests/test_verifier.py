@@ -173,3 +173,32 @@ def test_the_fingerprint_sees_other_weights_of_the_same_shape_and_is_cached(tiny
     assert fingerprint(tuned, cache) == fingerprint(tuned, cache) and cache.stat().st_mtime_ns == before, (
         "read from the cache"
     )
+
+
+def test_two_conversions_finishing_together_leave_one_whole_verifier_and_no_partials(tmp_path):
+    """Two runs started together on a fresh machine both convert the GGUF: each writes its own folder,
+    the first rename wins, the second copy is dropped without an error (it used to share one .partial)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from draftlab.data.embedded import _publish
+
+    dest = tmp_path / "verifiers" / "SmolLM2"
+    dest.parent.mkdir()
+    partials = []
+    for i in range(8):
+        p = dest.parent / f".SmolLM2.partial-{i}"
+        p.mkdir()
+        (p / "config.json").write_text(f'{{"copy": {i}}}')
+        (p / "model.safetensors").write_bytes(b"w" * 64)
+        partials.append(p)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda p: _publish(p, dest), partials))
+    assert sorted(q.name for q in dest.parent.iterdir()) == ["SmolLM2"]
+    assert sorted(q.name for q in dest.iterdir()) == ["config.json", "model.safetensors"]
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "x").write_text("")
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "config.json").write_text("{}")
+    with pytest.raises(OSError):  # a non-empty dest that holds no verifier is not silently taken as one
+        _publish(tmp_path / "new", tmp_path / "half")
+    assert (tmp_path / "new" / "config.json").exists()

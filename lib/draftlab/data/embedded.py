@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,12 +58,25 @@ def convert_embedded(dest: Path | None = None, parse_once: bool = True) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
-    partial = dest.with_name(dest.name + ".partial")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))  # this process's own
     model.save_pretrained(partial)
     tok.save_pretrained(partial)
-    partial.replace(dest)
+    _publish(partial, dest)
     print(f"Converted in {time.perf_counter() - t0:.1f} s")
     return dest
+
+
+def _publish(partial: Path, dest: Path) -> None:
+    """Rename a finished conversion into place. Two processes converting at once (two runs started
+    together on a fresh machine) each write their own folder; the first rename wins and the other's
+    identical copy is dropped, so `dest` is never half-written and neither process fails."""
+    try:
+        partial.rename(dest)
+    except OSError:  # dest exists and is not empty: another process published first
+        if not (dest / "config.json").exists():
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 @contextlib.contextmanager
