@@ -10,8 +10,6 @@ never overwrite each other. Figures, tables and each stage's resolved config go 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,12 +117,11 @@ class RunLayout:
 
 
 def write_json(path: Path, record: dict) -> None:
-    """Under a name no other writer uses, then renamed: two runs on one dataset both write 01's config."""
+    """All or nothing (`manifest.write_atomic`): two runs on one dataset both write 01's config."""
+    from draftlab.data.manifest import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(record, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(record, indent=1))
 
 
 def dataset_and_folder(data, folder, pick, what: str) -> tuple[Path, Path]:
