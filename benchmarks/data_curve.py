@@ -48,8 +48,8 @@ def point(name: str, bench_dir: Path) -> dict:
     for kind in KINDS:
         metrics = runs[-1].draft(kind) / "metrics.jsonl" if runs else None
         if metrics is not None and metrics.exists():
-            out[f"{kind} eval acc_0"] = last_eval(kind, metrics).get("acc_0")
-            out["steps"] = last_eval(kind, metrics).get("step")
+            last = last_eval(kind, metrics)
+            out[f"{kind} eval acc_0"], out["steps"] = last.get("acc_0"), last.get("step")
     bench = bench_dir / f"bench-{name}.json"
     if bench.exists():
         b = json.loads(bench.read_text())
