@@ -1,5 +1,5 @@
-"""Step tables, the two pooling rules, bootstrap intervals over prompts, paired comparisons and sample sizes,
-on hand-made step records whose figures are known exactly."""
+"""Step tables, the two pooling rules, bootstrap intervals over prompts, paired comparisons, depth buckets and
+sample sizes, on hand-made step records whose figures are known exactly."""
 
 import json
 import time
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from draftlab import DraftlabError
+from draftlab.acceptance.depth import by_depth, depth_edges
 from draftlab.acceptance.intervals import (
     PER_REQUEST,
     POOLED,
@@ -141,6 +142,33 @@ def test_step_table_of_generations_starts_each_step_after_the_tokens_before_it()
         step_table_from_arrays([7], [[4]], [[3]])
     with pytest.raises(DraftlabError, match="one of each"):
         step_table_from_arrays([7, 8], [[1]], [[3]])
+
+
+def test_by_depth_buckets_steps_by_start_with_exact_pooled_figures():
+    # prompt 0 starts at 10: steps at 10 (2), 13 (4), 18 (0), 19 (1); prompt 1 at 12: 12 (0), 13 (3), 17 (4), 22 (0)
+    table = step_table_from_arrays([9, 11, 40], [[2, 4, 0, 1], [0, 3, 4, 0], [1]], [[4] * 4, [4] * 4, [4]])
+    assert [s.start for s in table[0]] == [10, 13, 18, 19] and [s.start for s in table[1]] == [12, 13, 17, 22]
+    out = by_depth(table, [0, 16, 32, float("inf")])
+    low, mid, deep = out["buckets"]
+    assert (low["n_steps"], low["n_prompts"], mid["n_steps"], mid["n_prompts"]) == (4, 2, 4, 2)
+    assert low["tau"]["value"] == 1 + (2 + 4 + 0 + 3) / 4 and low["p_1"]["value"] == 3 / 4
+    assert mid["tau"]["value"] == 1 + (0 + 1 + 4 + 0) / 4 and mid["p_1"]["value"] == 2 / 4
+    assert low["tau"]["lo"] <= low["tau"]["value"] <= low["tau"]["hi"]
+    assert deep == {
+        "lo": 32.0,
+        "hi": None,
+        "x": 41.0,
+        "n_steps": 1,
+        "n_prompts": 1,
+        "tau": {"value": 2.0, "lo": None, "hi": None},
+        "p_1": {"value": 1.0, "lo": None, "hi": None},
+    }
+    assert low["x"] == 8.0 and out["edges"][-1] is None and out["n_steps_outside"] == 0
+    assert by_depth(table, [16, 32])["n_steps_outside"] == 5
+    json.dumps(out, allow_nan=False)
+    assert depth_edges(table) == [8.0, 16.0, 32.0, 64.0]
+    with pytest.raises(DraftlabError, match="increasing"):
+        by_depth(table, [0, 0, 16])
 
 
 def test_sample_size_scales_with_the_square_root_of_the_prompts():
