@@ -1,15 +1,21 @@
-"""Step tables, the two pooling rules, bootstrap intervals over prompts, paired comparisons, depth buckets and
-sample sizes, on hand-made step records whose figures are known exactly."""
+"""Step tables, the two pooling rules, bootstrap intervals over prompts, paired comparisons, depth buckets,
+sample sizes and their plots, on hand-made step records whose figures are known exactly."""
 
 import json
 import time
 
-import numpy as np
-import pytest
+import matplotlib
 
-from draftlab import DraftlabError
-from draftlab.acceptance.depth import by_depth, depth_edges
-from draftlab.acceptance.intervals import (
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from draftlab import DraftlabError  # noqa: E402
+from draftlab.acceptance import plots  # noqa: E402
+from draftlab.acceptance.depth import by_depth, depth_edges  # noqa: E402
+from draftlab.acceptance.intervals import (  # noqa: E402
     PER_REQUEST,
     POOLED,
     SAME,
@@ -20,7 +26,7 @@ from draftlab.acceptance.intervals import (
     step_table,
     step_table_from_arrays,
 )
-from draftlab.acceptance.speculative import Generation, Step
+from draftlab.acceptance.speculative import Generation, Step  # noqa: E402
 
 K = 4
 
@@ -180,3 +186,26 @@ def test_sample_size_scales_with_the_square_root_of_the_prompts():
         f"tau reached +-{now['half_width']:.3f} with 40 prompts; +-0.05 needs about {now['n_prompts_needed']}"
     )
     assert sample_size(table, half_width=now["half_width"])["n_prompts_needed"] == 40
+
+
+def _figures():
+    a, b, c = noisy(0, 10), noisy(1, 10), noisy(2, 10)
+    ests = {"eagle3": estimate(a, K, n_boot=200), "dflash": estimate(b, K, n_boot=200)}
+    comps = [paired(a, b, "eagle3", "dflash", n_boot=200), paired(a, c, "eagle3", "ngram", n_boot=200)]
+    depth = {name: by_depth(t, depth_edges(t), n_boot=200) for name, t in (("eagle3", a), ("vLLM eagle3", b))}
+    return {
+        "interval": lambda: plots.interval_plot(ests),
+        "paired": lambda: plots.paired_plot(comps, "t"),
+        "depth": lambda: plots.depth_plot(depth, pack_len=32, title="t"),
+    }
+
+
+@pytest.mark.parametrize("name", ["interval", "paired", "depth"])
+def test_interval_plots_return_their_figure_and_write_nothing(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fig = _figures()[name]()
+    assert isinstance(fig, Figure) and fig.axes
+    assert list(tmp_path.iterdir()) == [], "a plot function wrote a file"
+    if name == "depth":
+        assert all("training pack length" in ax.get_legend_handles_labels()[1] for ax in fig.axes)
+    plt.close(fig)

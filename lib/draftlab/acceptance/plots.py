@@ -1,5 +1,6 @@
 """Stage 05's pictures: a response coloured by what the verifier did with each draft token, and the
-acceptance figures (accepted lengths, alpha_n, tau against k); each returns its Figure."""
+acceptance figures (accepted lengths, alpha_n, tau against k; intervals, paired differences and depth
+from `intervals` / `depth`); each returns its Figure."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import html
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import ScalarFormatter
 
 SPEC_COLOURS = {"prefill": "#d0d7e1", "accepted": "#b7e4c7", "bonus": "#ffd59e", "rejected": "#f4a6a6"}
 
@@ -92,6 +94,66 @@ def served_positions(positions: dict[str, dict[str, list[float]]], title: str):
     ax.set_xticks(range(1, 1 + max((len(ys) for e in positions.values() for ys in e.values()), default=1)))
     ax.set_ylim(-0.02, 1.02)
     return _finish(fig, ax, "draft position i", "P(positions 1..i accepted)", title)
+
+
+def interval_plot(estimates: dict[str, dict], stat: str = "tau", title: str = ""):
+    """Forest chart of `stat` per proposer (`intervals.estimate` outputs): the pooled figure and the
+    per-request mean, each with its interval, side by side, since the two rules can disagree."""
+    from draftlab.acceptance.intervals import PER_REQUEST, POOLED
+
+    fig, ax = plt.subplots(figsize=(6.5, 0.9 + 0.55 * len(estimates)))
+    rules = {POOLED: ("o", "C0", "pooled (vLLM's rule)"), PER_REQUEST: ("s", "C1", "per-request mean (SpecForge's)")}
+    for shift, (rule, (marker, colour, label)) in zip((-0.12, 0.12), rules.items(), strict=True):
+        for i, est in enumerate(estimates.values()):
+            e = est[stat][rule]
+            if e["value"] is not None:
+                _hbar(ax, i + shift, e, marker, colour, label if i == 0 else None)
+    ax.set_yticks(range(len(estimates)), [f"{n} ({e['n_prompts']} prompts)" for n, e in estimates.items()])
+    ax.set_ylim(len(estimates) - 0.5, -0.5)
+    level = next(iter(estimates.values()), {}).get("level", 0.95)
+    return _finish(fig, ax, f"{stat}, {level:.0%} bootstrap interval over prompts", "", title)
+
+
+def paired_plot(comparisons: list[dict], title: str = ""):
+    """Paired differences a - b (`intervals.paired` outputs) with their intervals and a zero line; grey
+    where the interval covers zero."""
+    fig, ax = plt.subplots(figsize=(6.5, 0.9 + 0.55 * len(comparisons)))
+    for i, c in enumerate(comparisons):
+        e = {"value": c["difference"], "lo": c["lo"], "hi": c["hi"]}
+        _hbar(ax, i, e, "o", "grey" if c["lo"] <= 0 <= c["hi"] else "C0", None)
+    ax.axvline(0.0, color="k", lw=0.8)
+    ax.set_yticks(range(len(comparisons)), [f"{c['a']} - {c['b']} ({c['stat']})" for c in comparisons])
+    ax.set_ylim(len(comparisons) - 0.5, -0.5)
+    ax.set_xlabel("difference a - b, pooled, with its paired bootstrap interval")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def depth_plot(depth_by_proposer: dict[str, dict], pack_len: int | None = None, title: str = ""):
+    """tau and p_1 against the context depth where a verifier pass begins (`depth.by_depth` outputs), one
+    line per proposer (or engine), error bars where a bucket has an interval, the training pack length dashed."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for ax, stat in zip(axes, ("tau", "p_1"), strict=True):
+        for i, (name, d) in enumerate(depth_by_proposer.items()):
+            rows = [b for b in d["buckets"] if b[stat]["value"] is not None and b["x"] is not None]
+            ax.plot([b["x"] for b in rows], [b[stat]["value"] for b in rows], "o-", color=f"C{i}", label=name)
+            ci = [b for b in rows if b[stat]["lo"] is not None]
+            err = [[b[stat]["value"] - b[stat]["lo"] for b in ci], [b[stat]["hi"] - b[stat]["value"] for b in ci]]
+            ax.errorbar([b["x"] for b in ci], [b[stat]["value"] for b in ci], yerr=err, fmt="none", color=f"C{i}")
+        if pack_len:
+            ax.axvline(pack_len, color="k", ls="--", lw=0.8, label="training pack length")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        _finish(fig, ax, "context length where the verifier pass begins", stat, title)
+    return fig
+
+
+def _hbar(ax, y: float, e: dict, marker: str, colour: str, label: str | None):
+    """One point with its horizontal interval, where it has one."""
+    xerr = None if e["lo"] is None else [[e["value"] - e["lo"]], [e["hi"] - e["value"]]]
+    ax.errorbar([e["value"]], [y], xerr=xerr, fmt=marker, color=colour, capsize=3, label=label)
 
 
 def _finish(fig, ax, xlabel: str, ylabel: str, title: str):
