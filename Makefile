@@ -9,9 +9,18 @@ PROFILE ?= default
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(if $(VLLM_VENV),$(VLLM_VENV)/.draftlab-vllm-installed)
 
-.PHONY: run test lint pytest notebooks browser lab bench clean-outputs vllm-env
+.PHONY: run test lint pytest notebooks browser lab bench clean-outputs vllm-env vllm-env-cuda
 
 vllm-env: $(VLLM_STAMP)
+
+# On a CUDA machine: vLLM from PyPI (its own CUDA torch) in the same place, instead of the CPU build; `make run
+# PROFILE=gpu` then serves and generates with it. Its stamp is the CPU build's, so `make run` keeps it.
+vllm-env-cuda:
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm
+	$(VLLM_VENV)/bin/vllm --version
+	touch $(VLLM_VENV)/.draftlab-vllm-installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)

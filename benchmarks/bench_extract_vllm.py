@@ -2,10 +2,14 @@
 engine (speculators' path), then the check of vLLM's files against draftlab's (relative error per slot, nearest layer).
 
     DRAFTLAB_VLLM=.venv-vllm/bin/vllm python benchmarks/bench_extract_vllm.py            # ci train rows, this CPU
-    python benchmarks/bench_extract_vllm.py --data data/runs/<name>/train --rows 256 --device cuda
+    python benchmarks/bench_extract_vllm.py --data data/runs/<name>/train --rows 256 --device cuda --dtype bfloat16 \
+        --batch-size 64 --speculators       # the GPU: vLLM's stock connector, and speculators' own client too
 
-The transformers run goes first, with no server up (the two would share the cores); tokens/s counts the files written
-(moved, for vLLM) and leaves out the server's start, which is given apart. One warm-up request precedes vLLM's timing.
+The server is launched first and the transformers run goes while it starts (on a GPU its start is CPU work:
+torch.compile and CUDA graphs; `--wait-for FILE` holds the timed parts until other work has ended); vLLM's timed
+run begins once it is ready. tokens/s counts the files written (moved, for vLLM) and leaves out the server's start,
+which is given apart. One warm-up request precedes vLLM's timing. `--speculators` then runs speculators' own
+client (`speculators generate-offline-data`, its whole process timed) against the same server.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import argparse
 import json
 import platform
 import shlex
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +48,17 @@ def main():
     ap.add_argument("--connector", default="auto", choices=["auto", "stock", "cpu"])
     ap.add_argument("--json", default=None, help="write the results here too")
     ap.add_argument("--log", default=None, help="keep the server's log here (default: a temporary file)")
+    ap.add_argument(
+        "--speculators",
+        action="store_true",
+        help="also run speculators' own client (`speculators generate-offline-data`) against the same server, timed",
+    )
+    ap.add_argument(
+        "--wait-for",
+        default=None,
+        help="start the server at once, then wait for this file before the timed parts (the start overlaps other work)",
+    )
+    ap.add_argument("--tol", type=float, default=None, help="largest relative error a slot may have (1e-4; bf16 2e-2)")
     args = ap.parse_args()
 
     ds = load_from_disk(args.data)
@@ -58,10 +75,9 @@ def main():
         if args.device.startswith("cuda")
         else f"{platform.processor() or 'cpu'} x{torch.get_num_threads()} threads",
     }
+    tol = args.tol or (2e-2 if args.dtype == "bfloat16" else 1e-4)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        st = extract(v, ds, tmp / "hf", layer_ids, batch_size=args.batch_size, max_samples=n, progress=False)
-        res["transformers"] = {"seconds": round(st.seconds, 2), "tokens_per_s": round(st.tokens_per_s, 1)}
         s = extract_vllm.extraction_server(
             v.path,
             layer_ids,
@@ -73,7 +89,13 @@ def main():
         )
         res["command"], res["connector"] = shlex.join(s.command), s.connector
         res["stock_connector_problem"] = extract_vllm.connector_problem()
-        with s:
+        s.launch()  # its start overlaps what runs until --wait-for exists
+        try:
+            while args.wait_for and not Path(args.wait_for).exists():
+                time.sleep(1.0)
+            st = extract(v, ds, tmp / "hf", layer_ids, batch_size=args.batch_size, max_samples=n, progress=False)
+            res["transformers"] = {"seconds": round(st.seconds, 2), "tokens_per_s": round(st.tokens_per_s, 1)}
+            s.wait_ready()
             extract_vllm.extract(s, rows[:1], tmp / "warmup", args.concurrency)
             t0 = time.perf_counter()
             got = extract_vllm.extract(s, rows, tmp / "vllm", args.concurrency)
@@ -83,8 +105,19 @@ def main():
                 "server_start_s": round(s.startup_s, 1),
                 "wall_s": round(time.perf_counter() - t0, 2),
             }
-        res["check_against_files"] = extract_check.check(v, rows, tmp / "vllm", layer_ids, reference_dir=tmp / "hf")
-        res["check_against_forward"] = extract_check.check(v, rows, tmp / "vllm", layer_ids)
+            if args.speculators:
+                res["speculators_run"] = speculators_client(s, args.data, n, args.concurrency, tmp / "spec")
+        finally:
+            s.stop()
+        res["check_against_files"] = extract_check.check(
+            v, rows, tmp / "vllm", layer_ids, reference_dir=tmp / "hf", tol=tol
+        )
+        res["check_against_forward"] = extract_check.check(v, rows, tmp / "vllm", layer_ids, tol=tol)
+        if args.speculators:
+            res["check_speculators"] = extract_check.check(
+                v, rows, tmp / "spec", layer_ids, reference_dir=tmp / "hf", tol=tol
+            )
+        res["tolerance"] = tol
 
     c = res["check_against_files"]
     print(
@@ -114,9 +147,34 @@ def main():
             f"{f[i]:.1e} | {near['layer']} ({near['relative_error']:.1e}) | "
             f"{up['layer']} ({up['relative_error']:.2g}) |"
         )
-    print("problems:", c["problems"] + res["check_against_forward"]["problems"] or "none")
+    if args.speculators:
+        r, sc = res["speculators_run"], res["check_speculators"]
+        print(
+            f"| speculators generate-offline-data ({args.concurrency} in flight) | {r['seconds']} | "
+            f"{r['tokens_per_s']} | (same server) |\nspeculators' files against draftlab's hooks, "
+            "largest relative error per slot: "
+            + ", ".join(f"{e:.1e}" for e in sc["max_relative_error"])
+            + f"; nearest layers {[x['layer'] for x in sc['nearest']]}"
+        )
+    extra = res["check_speculators"]["problems"] if args.speculators else []
+    print(f"tolerance {tol:g}; problems:", c["problems"] + res["check_against_forward"]["problems"] + extra or "none")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
+
+
+def speculators_client(server, data: str, n: int, concurrency: int, out: Path) -> dict:
+    """speculators' own extraction client against a started extraction server, on the first `n` rows of `data`
+    (a stage-01 split: speculators' prepare-data format), timed as a whole process (its start included)."""
+    cmd = [sys.executable, "-m", "speculators", "generate-offline-data", "--endpoint", f"{server.url}/v1"]
+    cmd += ["--preprocessed-data", data, "--output", str(out / "hidden_states"), "--max-samples", str(n)]
+    cmd += ["--concurrency", str(concurrency), "--validate-outputs", "--fail-on-error"]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"speculators generate-offline-data failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    tokens = sum(len(r) for r in load_from_disk(data).with_format(None)["input_ids"][:n])
+    return {"command": shlex.join(cmd), "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1)}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ responses file per engine), side by side in one run, on the first `--prompts N` 
 prompt set (all splits), at the profile's gen_batch_size (hf: rows per batch; vllm: requests in flight):
 
     python benchmarks/bench_generate.py --engines hf:float32 vllm:float32 vllm:bfloat16 --prompts 240 --max-new-tokens 96
+    python3 benchmarks/bench_generate.py --profile gpu --device cuda --verifier-dtype bfloat16 --engines hf:bfloat16 \
+        vllm:bfloat16 --prompts 1024 --max-new-tokens 256      # the H200 (benchmarks/gpu_pipeline.sh h200)
 
 One row per engine: new tokens, generation seconds (the vLLM server's start-up apart), tokens/s, how
 many answers are the same text as the first engine's, and how on-policy the text is for the fp32
@@ -64,7 +66,24 @@ def main() -> None:
         "--engines", nargs="+", metavar="ENGINE:DTYPE", help="stage 01's path per engine, e.g. hf:float32 vllm:bfloat16"
     )
     ap.add_argument("--profile", default="default", help="with --engines: whose prompts and gen_batch_size")
+    ap.add_argument(
+        "--verifier-dtype",
+        default="float32",
+        help="with --engines: the dtype of the verifier whose greedy choice the answers are checked against "
+        "(the one that writes the hidden states: float32 on CPU, bfloat16 on the GPU profile)",
+    )
+    ap.add_argument("--json", default=None, help="with --engines or --against: write the rows here too")
+    ap.add_argument(
+        "--against",
+        default=None,
+        metavar="DATASET",
+        help="transformers on the first --prompts greedy prompts a stage-01 dataset's engine answered, against those "
+        "answers and that run's own figures (outputs/<run>/01/summary.json; --run-name, default the profile)",
+    )
+    ap.add_argument("--run-name", default=None)
     args = ap.parse_args()
+    if args.against:
+        return against_stage01(args)
     if args.engines:
         return compare_engines(args)
     args.batch = args.batch or [60, 120]
@@ -125,7 +144,7 @@ def compare_engines(args) -> None:
     from draftlab.data.verifier import load_verifier
 
     prof = config.load_profile(args.profile)
-    v = load_verifier(prof["verifier"], device=args.device, dtype="float32")
+    v = load_verifier(prof["verifier"], device=args.device, dtype=args.verifier_dtype)
     ps = prompts.load_prompts(
         prof["n_chat"],
         prof["n_code"],
@@ -143,8 +162,9 @@ def compare_engines(args) -> None:
     print(
         "| engine | answers dtype | new tokens | generation (s) | tokens "
         "/ s | server start-up (s) | answers identical to the first row | "
-        "answer tokens = fp32 verifier's greedy choice |"
+        f"answer tokens = {args.verifier_dtype} verifier's greedy choice |"
     )
+    found = []
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     first = None
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
@@ -157,12 +177,65 @@ def compare_engines(args) -> None:
             s = eng.summary()
             first = first or got
             same = sum(got[p.id] == first[p.id] for p in ps)
+            share = on_policy(v, ps, got)
+            found.append({**s, "identical to the first row": same, "prompts": len(ps), "on-policy share": share})
             print(
                 f"| {s['engine']} | {s['answers dtype']} | {s['new tokens']} "
                 f"| {s['generation s']:.1f} | {s['tokens/s']:.0f} | "
-                f"{s['server start-up s']:.1f} | {same}/{len(ps)} | {on_policy(v, ps, got):.2%} |",
+                f"{s['server start-up s']:.1f} | {same}/{len(ps)} | {share:.2%} |",
                 flush=True,
             )
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps({"batch": batch, "new tokens": args.new, "rows": found}, indent=1))
+
+
+def against_stage01(args) -> None:
+    """Stage 01's own engine (vLLM on the GPU profile) against transformers on the same prompts: its answers and
+    generation figures as notebook 01 wrote them, transformers' answers written here in the same dtype and batch.
+    The two tokens/s figures are of different prompt counts (01's every answer, sampled ones included, and the
+    first N greedy prompts here), each at the same batch / requests in flight."""
+    import json
+
+    from draftlab import config
+    from draftlab.data.generate import Engine, generate_responses
+    from draftlab.data.prompts import Prompt
+    from draftlab.data.verifier import load_verifier
+    from draftlab.layout import RunLayout
+
+    prof = config.load_profile(args.profile)
+    lay = RunLayout(args.against, args.run_name or args.profile)
+    lines = [json.loads(ln) for ln in lay.responses.read_text().splitlines() if ln.strip()]
+    greedy = [ln for ln in lines if ln["settings"]["temperature"] == 0.0][: args.prompts[0]]
+    ps = [Prompt(**ln["prompt"]) for ln in greedy]
+    theirs, how = {ln["id"]: ln["response"] for ln in greedy}, greedy[0]["settings"]
+    stage01 = json.loads((lay.stage("01") / "summary.json").read_text())["generation"]
+    v = load_verifier(prof["verifier"], device=args.device, dtype=args.verifier_dtype)
+    batch = args.batch[0] if args.batch else prof["gen_batch_size"]
+    with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
+        with Engine(v, "hf", how["gen_dtype"]) as eng:
+            mine = generate_responses(v, ps, Path(tmp) / "hf.jsonl", how["max_new_tokens"], 0.0, batch, engine=eng)
+    hf = eng.summary()
+    same = sum(mine[p.id] == theirs[p.id] for p in ps)
+    rows = [
+        {**stage01, "prompts": f"stage 01: {stage01['prompts generated']} answers", "identical": "-"},
+        {**hf, "prompts": f"first {len(ps)} greedy prompts", "identical": f"{same}/{len(ps)} to stage 01's"},
+    ]
+    rows[0]["on-policy share"] = on_policy(v, ps, theirs)
+    rows[1]["on-policy share"] = on_policy(v, ps, mine)
+    print(f"{len(ps)} greedy prompts of {args.against}, {how['max_new_tokens']} new tokens, batch / in flight {batch}")
+    print(
+        "| engine | answers dtype | prompts | new tokens | generation (s) | tokens/s | server start-up (s) | "
+        f"answers identical | answer tokens = {args.verifier_dtype} verifier's greedy choice (these {len(ps)}) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        cells = [r["engine"], r["answers dtype"], r["prompts"], r["new tokens"], r["generation s"], r["tokens/s"]]
+        cells += [r["server start-up s"], r["identical"], f"{r['on-policy share']:.2%}"]
+        print("| " + " | ".join(map(str, cells)) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"batch": batch, "rows": rows}, indent=1, default=str))
 
 
 @torch.no_grad()

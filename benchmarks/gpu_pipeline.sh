@@ -23,6 +23,18 @@
 #   carry [".whl"]:                   bash benchmarks/gpu_pipeline.sh torchrun   (again while "still running")
 # Both in one lease, the curve first and torchrun's timed part after it (its stage 01 overlaps the curve):
 #   carry [".whl"]:  WAIT_S=3 bash benchmarks/gpu_pipeline.sh curve; AFTER=/tmp/draftlab-curve.log.rc bash benchmarks/gpu_pipeline.sh torchrun
+# or issue 28's run: the `gpu` profile with vLLM for CUDA (../shared/tools/device-vllm.sh: `prepare` here once too)
+# writing stage 01's answers and serving stage 05's drafts, plus the stage-01 benchmarks (transformers against
+# vLLM generation; draftlab's hooks against vLLM's extraction and speculators' own client), in five calls and polls:
+#   carry [".smol/part.aa"]:                  bash benchmarks/gpu_pipeline.sh stage
+#   carry [".smol/part.ab", ".smol/$SHAREGPT"]:  bash benchmarks/gpu_pipeline.sh stage2
+#   carry [".whl", ".vllm/deps"]:             bash benchmarks/gpu_pipeline.sh stage-deps   (installs; converts the verifier)
+#   carry [".vllm/a"]:                        bash benchmarks/gpu_pipeline.sh stage-vllm a
+#   carry [".vllm/b"]:                        bash benchmarks/gpu_pipeline.sh h200   (installs vLLM, starts the job;
+#                                             again, no carry, while it says "still running")
+# Here, a dry run on the ci data of the whole job (no CUDA, this machine's vLLM; nothing installed):
+#   PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRAFTLAB_VLLM=.venv-vllm/bin/vllm \
+#     EXTRACT_ROWS=16 GEN_PROMPTS=16 bash benchmarks/gpu_pipeline.sh h200
 # Here, a dry run on the ci data (no CUDA: the command is printed, not run, and draftlab's weights stand in
 # for speculators' checkpoint, written by speculators' own checkpointer):
 #   PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRY_TORCHRUN=1 bash benchmarks/gpu_pipeline.sh torchrun
@@ -52,6 +64,20 @@ install_once() {
   export PYTHONPATH="/tmp/site:$PWD/lib" PYTHONUNBUFFERED=1
 }
 
+vllm_install() {
+  # vLLM for CUDA as ../shared/tools/device-vllm.sh installs it (its two parts in /tmp, its wheels from stage-deps),
+  # plus a `python` beside its `vllm` with the same paths (draftlab reads the vLLM environment through it)
+  if [ -z "${SKIP_INSTALL:-}" ] && [ ! -x /tmp/vllm-bin/python ]; then
+    [ -f /tmp/vllm.part.b ] || cp .vllm/b/part /tmp/vllm.part.b
+    [ -f .vllm/deps/device-vllm.sh ] || { mkdir -p .vllm && rm -rf .vllm/deps && cp -r /tmp/vllm-deps-wheels .vllm/deps; }
+    bash .vllm/deps/device-vllm.sh install
+    printf '#!/usr/bin/env bash\nexport PYTHONPATH=/tmp/vllm-site:/tmp/vllm-deps VLLM_USE_FLASHINFER_SAMPLER=0\nexec python3 "$@"\n' \
+      > /tmp/vllm-bin/python
+    chmod +x /tmp/vllm-bin/python
+  fi
+  export DRAFTLAB_VLLM="${DRAFTLAB_VLLM:-/tmp/vllm-bin/vllm}"
+}
+
 case "${1:-}" in
 prepare)
   # shellcheck disable=SC2086
@@ -66,6 +92,67 @@ stage)
   cp .smol/part.aa /tmp/smol.part.aa ;;
 stage2)
   cp .smol/part.ab /tmp/smol.part.ab && cp ".smol/$SHAREGPT" "/tmp/$SHAREGPT" ;;
+stage-deps)
+  # the workbench's wheels installed, vLLM's kept for `h200`; the embedded verifier converted meanwhile
+  rm -rf /tmp/vllm-deps-wheels && cp -r .vllm/deps /tmp/vllm-deps-wheels
+  install_once
+  setsid nohup bash -c "python3 -c 'from draftlab.data.verifier_dir import fingerprint, resolve_verifier
+fingerprint(resolve_verifier(\"smollm2\"))' > /tmp/convert.log 2>&1; echo \$? > /tmp/convert.log.rc" \
+    < /dev/null > /dev/null 2>&1 &
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader || true; nproc; df -h /tmp | tail -1 ;;
+stage-vllm)
+  cp ".vllm/${2:?a or b}/part" "/tmp/vllm.part.$2" ;;
+h200)
+  out="${OUT:-/tmp/out}"; mkdir -p "$out"; log=/tmp/draftlab-h200.log; res=/tmp/h200
+  install_once
+  if [ ! -f "$log" ]; then
+    vllm_install
+    setsid nohup bash -c "bash $0 h200-job > $log 2>&1; echo \$? > $log.rc" < /dev/null > /dev/null 2>&1 &
+  fi
+  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  cp "$log" "$out/log-h200.txt"
+  p="${PROFILE:-gpu}"
+  # what there is so far comes back at every call: a lease that ends early still leaves its finished parts
+  # shellcheck disable=SC2046
+  tar czf "$out/h200.tar.gz" $(find "outputs/$p" -type f -size -2M 2>/dev/null) $(find "$res" -type f -size -8M 2>/dev/null) \
+    /tmp/h200-*.log $(${PY:-python3} -m draftlab.layout "smollm2-$p" metrics.jsonl 2>/dev/null) 2>/dev/null || true
+  if [ ! -f "$log.rc" ]; then
+    for f in /tmp/h200-*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 700 "$f"; echo; }; done
+    tail -c 1500 "$log"; echo; echo "still running: call 'h200' again within 30 s to wait on it"; exit 3
+  fi
+  grep -a -h -A8 "^notebook " /tmp/h200-*.log || true
+  for f in "$res"/*.txt; do [ -f "$f" ] && { echo "== $f"; grep -v -e "Regenerating" -e "Loading weights" "$f" | tail -n 25; }; done
+  for f in outputs/"$p"/01/summary.json outputs/"$p"/05/metrics.json; do
+    [ -f "$f" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d.get('generation', d.get('served', {}).get('tau')), default=str)[:2500])" "$f"
+  done
+  exit "$(cat "$log.rc")" ;;
+h200-job)
+  # 01 with vLLM writing the answers; then, beside 02 and 03, the stage-01 benchmarks: the extraction server starts at
+  # once and its timed parts wait for the generation bench (each measured with the GPU otherwise quiet); 04 and 05.
+  install_once; vllm_install
+  set -x
+  p="${PROFILE:-gpu}"; py="${PY:-python3}"; res=/tmp/h200; dev="${DEVICE:-cuda}"; dt="${DTYPE:-bfloat16}"
+  rm -rf "$res"; mkdir -p "$res"
+  [ -z "${SKIP_INSTALL:-}" ] && { python3 -m compileall -q -j 8 /tmp/vllm-site/vllm > /dev/null 2>&1 & }
+  while [ -z "${SKIP_INSTALL:-}" ] && [ ! -f /tmp/convert.log.rc ]; do sleep 1; done
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader || true
+  "$DRAFTLAB_VLLM" --version || exit 1
+  $py -m draftlab run --profile "$p" --only 01 > /tmp/h200-01.log 2>&1 || { tail -c 4000 /tmp/h200-01.log; exit 1; }
+  data=$($py -c "from draftlab.config import load_profile; from draftlab.layout import RunLayout
+print(RunLayout(load_profile('$p')['dataset_name'], '$p').split('train'))")
+  $py benchmarks/bench_extract_vllm.py --data "$data" --rows "${EXTRACT_ROWS:-1024}" --device "$dev" --dtype "$dt" \
+    --batch-size 64 --speculators --wait-for "$res/go" --json "$res/extract.json" --log "$res/vllm-extract.log" \
+    > "$res/extract.txt" 2>&1 & ext=$!
+  $py -m draftlab run --profile "$p" --only 02,03 > /tmp/h200-0203.log 2>&1 || { touch "$res/go"; tail -c 4000 /tmp/h200-0203.log; exit 1; }
+  # transformers on the first greedy prompts stage 01's vLLM answered, against those answers and 01's own figures
+  ds=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['dataset_name'])")
+  $py benchmarks/bench_generate.py --profile "$p" --device "$dev" --verifier-dtype "$dt" --against "$ds" \
+    --prompts "${GEN_PROMPTS:-1024}" --json "$res/generate.json" > "$res/generate.txt" 2>&1 \
+    || echo "the generation bench failed: $res/generate.txt"
+  touch "$res/go"
+  wait "$ext" || echo "the extraction bench failed: $res/extract.txt"
+  $py -m draftlab run --profile "$p" --only 04,05 > /tmp/h200-0405.log 2>&1 || { tail -c 4000 /tmp/h200-0405.log; exit 1; }
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
 sharegpt)
   # Before: the gpu profile without ShareGPT (its prompts of 2026-12-01); after: the gpu profile as it
   # stands. Both run at once (a 135M verifier leaves the H200 mostly idle), then each EAGLE-3 draft and
@@ -262,5 +349,6 @@ run)
   done
   exit "$(cat "$log.rc")" ;;
 *)
-  echo "usage: $0 prepare | stage | stage2 | run NOTEBOOKS | sharegpt | curve | torchrun" >&2; exit 2 ;;
+  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | h200 | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
+  exit 2 ;;
 esac

@@ -263,7 +263,7 @@ def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path)
 
 
 def test_greedy_agreement_accepts_identical_output_and_refuses_a_clear_divergence(tiny):
-    from draftlab.acceptance.evaluate import greedy_agreement
+    from draftlab.acceptance.lossless import greedy_agreement
 
     ids = tiny.tokenizer(PROMPTS[0])["input_ids"]
     ref = _greedy(tiny, ids)
@@ -278,7 +278,7 @@ def test_greedy_agreement_accepts_identical_output_and_refuses_a_clear_divergenc
 
 def test_bfloat16_verifier_and_draft_decode_losslessly(tiny, tiny_dir, eagle_path, tmp_path):
     """The GPU profile's dtype, on CPU: every proposer runs in bf16 and stays lossless (up to near-ties)."""
-    from draftlab.acceptance.evaluate import greedy_agreement
+    from draftlab.acceptance.lossless import greedy_agreement, greedy_check
     from draftlab.acceptance.proposers import make_proposer
     from draftlab.data.verifier import load_verifier
     from draftlab.drafts.draft import build_dflash
@@ -293,6 +293,29 @@ def test_bfloat16_verifier_and_draft_decode_losslessly(tiny, tiny_dir, eagle_pat
         for prop in (NGramProposer(), *(make_proposer(d, v16.vocab_size) for d in drafts)):
             got = accept.speculative_generate(v16, prop, ids, 4, N_NEW).tokens
             assert greedy_agreement(v16, ids, got, ref)["lossless"], (p, type(prop).__name__)
+            assert greedy_check(v16, ids, got, N_NEW)["lossless"], (p, type(prop).__name__)
+
+
+def test_the_one_forward_greedy_check_passes_the_verifiers_greedy_text_and_catches_every_kind_of_departure(tiny):
+    """notebook 05's lossless check: each emitted token the argmax of one full forward over prompt + output (no
+    cache), the output complete. transformers' own greedy text and the loop's output pass; a swapped token, a
+    cut-short output and an output running past end-of-sequence do not."""
+    from draftlab.acceptance.lossless import greedy_check, lossless_rows
+
+    ids = tiny.tokenizer(PROMPTS[0])["input_ids"]
+    ref = _greedy(tiny, ids)
+    got = accept.speculative_generate(tiny, NGramProposer(), ids, 3, N_NEW)
+    for out in (ref, got.tokens):
+        c = greedy_check(tiny, ids, out, N_NEW)
+        assert c["lossless"] and c["divergences"] == 0 and c["first divergence"] is None, c
+    logits = tiny.model(torch.tensor([ids + ref[:2]])).logits[0, -1]
+    bad = greedy_check(tiny, ids, ref[:2] + [int(logits.argmin())] + ref[3:], N_NEW)
+    assert not bad["lossless"] and bad["first divergence"] == 2 and bad["logit gap"] > 0
+    assert not greedy_check(tiny, ids, ref[:-1], N_NEW)["lossless"], "cut short of the budget, and not at eos"
+    eos = tiny.tokenizer.eos_token_id
+    assert not greedy_check(tiny, ids, [*ref[:2], eos, *ref[3:]], N_NEW)["lossless"], "past end-of-sequence"
+    rows = lossless_rows(tiny, [{"ids": ids}], {"ngram": [got]}, N_NEW)
+    assert rows[0]["identical"] == rows[0]["lossless"] == 1 and rows[0]["prompts"] == 1
 
 
 def test_non_integer_k_and_a_prompt_past_the_position_limit_are_named(tiny):

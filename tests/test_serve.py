@@ -9,7 +9,7 @@ import time
 import pytest
 
 from draftlab import DraftlabError
-from draftlab.serving import compare, counters, served
+from draftlab.serving import compare, counters, served, together
 from draftlab.serving.command import unavailable, vllm_executable
 from draftlab.serving.process import group_members
 from draftlab.serving.server import Server
@@ -92,7 +92,7 @@ def test_an_interrupt_while_servers_start_together_stops_them_all_at_once(where)
     t0 = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
-            served.start_together(servers)
+            together.start_together(servers)
     finally:
         signal.signal(signal.SIGINT, before)
     assert time.monotonic() - t0 < 30, "the stop waited for the other starts"
@@ -112,13 +112,16 @@ def _engine_processes(verifier_path) -> list:
 
 
 def test_served_draft_gives_the_verifiers_greedy_output_and_vllms_counters(serve_verifier, draft_dir, tmp_path):
-    """served.measure starts the verifier alone and with the draft together, serves each in turn, stops both."""
+    """served.measure starts the verifier alone and with the draft together, serves each in turn at one request in
+    flight and then all at once, stops both. With one in flight vLLM's counters give each request's figures, which
+    must equal what vLLM reports in each response (the build has --per-request-spec-decode-metrics); the GPU build
+    lacks that report, and its intervals come from these counters."""
     from draftlab.acceptance.evaluate import run_prompts, summarize, verifier_greedy
     from draftlab.acceptance.proposers import load_draft, make_proposer
 
     v, prompts = serve_verifier, _prompts(serve_verifier)
     refs = [verifier_greedy(v, p["ids"], N_NEW) for p in prompts]
-    got = served.measure(v, {"eagle3": draft_dir}, prompts, K, N_NEW, tmp_path)
+    got = served.measure(v, {"eagle3": draft_dir}, prompts, K, N_NEW, tmp_path, concurrency=(1, 0))
     assert got["available"] and got["started_together"] == 2 and list(got["runs"]) == ["verifier alone", "eagle3"], got
     assert _engine_processes(v.path) == [], "both servers and their engine processes are gone"
     alone, run = got["runs"]["verifier alone"], got["runs"]["eagle3"]
@@ -129,8 +132,17 @@ def test_served_draft_gives_the_verifiers_greedy_output_and_vllms_counters(serve
     )
     assert alone["counts"]["drafts"] == 0 and run["drafts"] > 0 and run["draft_tokens"] == K * run["drafts"]
     assert len(run["counts"]["per_pos"]) == K and run["tau"] == pytest.approx(1 + run["accepted"] / run["drafts"])
-    loop = summarize(run_prompts(v, make_proposer(load_draft(draft_dir, v), v.vocab_size), prompts, K, N_NEW), K)["all"]
+    loop_gens = run_prompts(v, make_proposer(load_draft(draft_dir, v), v.vocab_size), prompts, K, N_NEW)
+    loop = summarize(loop_gens, K)["all"]
     assert abs(run["tau"] / loop["tau"] - 1) <= compare.GAP_WARN, (run, loop)
+    assert [lv["concurrency"] for lv in run["levels"]] == [1, len(prompts)] and run["per_request_source"] == "response"
+    by_counters = run["per_request_counters"]
+    assert [{k: r[k] for k in c} for r, c in zip(run["per_request"], by_counters, strict=True)] == by_counters
+    assert sum(c["drafts"] for c in by_counters) == run["drafts"], "the requests' counts add up to the workload's"
+    rep = served.report(v, prompts, N_NEW, got, {"eagle3": {"all": loop}}, {"eagle3": loop_gens})
+    assert rep["intervals"]["eagle3"]["n_prompts"] == len(prompts) and rep["depth"] and rep["loop_vs_vllm"]
+    assert [r["requests in flight"] for r in rep["speed"]] == [1, 1, 2, 2]
+    assert all(r["identical"] == r["prompts"] for r in rep["greedy"]), rep["greedy"]
 
 
 def test_a_missing_checkpoint_is_refused_before_any_process(serve_dir, tmp_path):

@@ -75,10 +75,14 @@ def tau_against_k(
     temperature: float = 0.0,
     seed: int = 0,
     measured: dict | None = None,
+    tables: dict | None = None,
 ) -> dict:
     """{name: {k: tau}}: every proposer decoding the prompts at every chain length in `ks`. `measured`
     ({k: {name: summarize(...)}}) gives taus already measured on these prompts and settings (the headline k),
-    taken as they are instead of decoding again."""
+    taken as they are instead of decoding again. `tables`, where given, receives {name: {k: step table}} of
+    the runs decoded here (`intervals.step_table`), for their intervals."""
+    from draftlab.acceptance.intervals import step_table
+
     measured = measured or {}
     taus: dict = {}
     for name, prop in proposers.items():
@@ -86,7 +90,10 @@ def tau_against_k(
         for k in ks:
             done = measured.get(k, {}).get(name)
             if done is None:
-                done = summarize(run_prompts(verifier, prop, prompts, k, max_new_tokens, temperature, seed), k)
+                gens = run_prompts(verifier, prop, prompts, k, max_new_tokens, temperature, seed)
+                done = summarize(gens, k)
+                if tables is not None:
+                    tables.setdefault(name, {})[k] = step_table(gens)
             taus[name][k] = done["all"]["tau"]
     return taus
 
@@ -104,50 +111,6 @@ def verifier_greedy(verifier, prompt_ids: list[int], max_new_tokens: int) -> lis
     )[0, x.shape[1] :].tolist()
     eos = verifier.tokenizer.eos_token_id
     return out[: out.index(eos) + 1] if eos in out else out
-
-
-def lossless_rows(verifier, prompts: list[dict], refs: list[list[int]], greedy_runs: dict) -> list[dict]:
-    """Per proposer, over all prompts: greedy speculative output identical to `refs`, or a near-tie (bf16)."""
-    rows = []
-    for name, gens in greedy_runs.items():
-        checks = [
-            greedy_agreement(verifier, p["ids"], g.tokens, ref) for p, g, ref in zip(prompts, gens, refs, strict=True)
-        ]
-        same = sum(c["first divergence"] is None and c["lossless"] for c in checks)
-        rows.append(
-            {
-                "proposer": name,
-                "prompts": len(prompts),
-                "identical": same,
-                "near-tie (bf16)": sum(c["lossless"] for c in checks) - same,
-                "lossless": sum(c["lossless"] for c in checks),
-                "largest logit gap": max(c["logit gap"] for c in checks),
-            }
-        )
-    return rows
-
-
-@torch.no_grad()
-def greedy_agreement(verifier, prompt_ids: list[int], got: list[int], ref: list[int], slack: float = 4.0) -> dict:
-    """Greedy speculative tokens `got` against the verifier's own greedy `ref`. In float32 they must be
-    identical. In bf16 the (k+1)-token verify pass and one-token decoding round differently, so a
-    divergence counts as lossless only at a near-tie: the chosen token's logit, in one full forward
-    over prompt + ref, within `slack` machine epsilons of the verifier's dtype (relative) of the maximum."""
-    eos = verifier.tokenizer.eos_token_id
-    n = next((i for i, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), None)
-    if n is None:
-        complete = len(got) == len(ref) or bool(got) and got[-1] == eos
-        return {
-            "identical tokens": min(len(got), len(ref)),
-            "first divergence": None,
-            "logit gap": 0.0,
-            "tolerance": 0.0,
-            "lossless": complete,
-        }
-    logits = verifier.model(torch.tensor([prompt_ids + ref[:n]], device=verifier.device)).logits[0, -1].float()
-    gap = (logits.max() - logits[got[n]]).item()
-    tol = slack * torch.finfo(verifier.dtype).eps * logits.max().abs().item()
-    return {"identical tokens": n, "first divergence": n, "logit gap": gap, "tolerance": tol, "lossless": gap <= tol}
 
 
 def summarize(gens: list[Generation], k: int) -> dict:

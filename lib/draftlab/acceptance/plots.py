@@ -71,12 +71,18 @@ def alpha_plot(alphas: dict[str, list], title: str):
     return _finish(fig, ax, "draft position n", "alpha_n = P(accept n | 1..n-1 accepted)", title)
 
 
-def tau_vs_k(taus: dict[str, dict[int, float]], title: str):
-    """Tokens per verifier pass against chain length k, one line per proposer."""
+def tau_vs_k(taus: dict[str, dict[int, float]], title: str, intervals: dict | None = None):
+    """Tokens per verifier pass against chain length k, one line per proposer; `intervals` ({name: {k: {"lo",
+    "hi"}}}, pooled) draws each point's interval over prompts."""
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    for name, by_k in taus.items():
+    for i, (name, by_k) in enumerate(taus.items()):
         ks = sorted(by_k)
-        ax.plot(ks, [by_k[k] for k in ks], "o-", label=name)
+        ax.plot(ks, [by_k[k] for k in ks], "o-", color=f"C{i}", label=name)
+        ci = [(k, (intervals or {}).get(name, {}).get(k)) for k in ks]
+        ci = [(k, e) for k, e in ci if e and e.get("lo") is not None]
+        if ci:
+            err = [[by_k[k] - e["lo"] for k, e in ci], [e["hi"] - by_k[k] for k, e in ci]]
+            ax.errorbar([k for k, _ in ci], [by_k[k] for k, _ in ci], yerr=err, fmt="none", color=f"C{i}", capsize=3)
     ax.axhline(1.0, color="k", lw=0.6, ls=":")
     ax.set_xticks(sorted(set().union(*map(set, taus.values()))))
     return _finish(fig, ax, "draft length k (chain)", "tau (tokens per verifier pass)", title)
@@ -94,6 +100,25 @@ def served_positions(positions: dict[str, dict[str, list[float]]], title: str):
     ax.set_xticks(range(1, 1 + max((len(ys) for e in positions.values() for ys in e.values()), default=1)))
     ax.set_ylim(-0.02, 1.02)
     return _finish(fig, ax, "draft position i", "P(positions 1..i accepted)", title)
+
+
+def served_speed(rows: list[dict], title: str):
+    """vLLM's wall-clock tokens/s against requests in flight, the verifier alone and with each draft
+    (`compare.speed_rows`), and each draft's speed-up over the verifier alone: where speculation stops paying."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    for i, name in enumerate(servers):
+        mine = sorted((r for r in rows if r["server"] == name), key=lambda r: r["requests in flight"])
+        xs = [r["requests in flight"] for r in mine]
+        axes[0].plot(xs, [r["tokens/s"] for r in mine], "o-", color=f"C{i}", label=name)
+        if name != "verifier alone":
+            axes[1].plot(xs, [r["speed-up"] for r in mine], "o-", color=f"C{i}", label=name)
+    axes[1].axhline(1.0, color="k", lw=0.8, ls=":")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+    _finish(fig, axes[0], "requests in flight", "tokens/s (wall clock)", title)
+    return _finish(fig, axes[1], "requests in flight", "speed-up over the verifier alone", title)
 
 
 def interval_plot(estimates: dict[str, dict], stat: str = "tau", title: str = ""):

@@ -68,9 +68,10 @@ def _probe(exe: str) -> tuple[str | None, str | None]:
 
 
 def _run_probe(exe: str) -> tuple[str | None, str | None]:
-    done = subprocess.run(
-        [str(Path(exe).parent / "python"), "-c", _PROBE], capture_output=True, text=True, timeout=300, env=server_env()
-    )
+    python = Path(exe).parent / "python"  # a venv's, or a wrapper's beside it (benchmarks/gpu_pipeline.sh writes one)
+    if not python.is_file():
+        return None, f"no `python` beside {exe} to read the vLLM environment with (a venv's bin/ has one)"
+    done = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True, timeout=300, env=server_env())
     if done.returncode != 0:
         return None, f"the vLLM environment's python failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
     found = json.loads(done.stdout.strip().splitlines()[-1])
@@ -141,6 +142,10 @@ def extraction_server(
         "kv_connector_extra_config": {"shared_storage_path": str(storage)},
     }
     env = {}
+    if str(device).startswith("cuda") and "gpu" not in kw:
+        from draftlab.serving.gpu_memory import cuda_share, weights_bytes
+
+        kw["gpu"] = cuda_share(device, 1, weights_bytes(verifier_dir))
     if connector == "cpu":
         kv.update(kv_connector=CPU_CONNECTOR, kv_connector_module_path="draftlab_hs_connector")
         env["PYTHONPATH"] = str(PLUGINS)  # that folder alone: the vLLM environment keeps its own torch

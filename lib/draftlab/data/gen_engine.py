@@ -110,7 +110,16 @@ class Engine:
             return self.server
         self.close()
         v = self.verifier
-        s = Server(v.path, dtype=self.dtype, device=str(v.device), max_model_len=max_len, log_path=self.log_path)
+        gpu = None
+        if v.device.type == "cuda":  # one server beside this kernel on the GPU: its share, said in the summary
+            from draftlab.serving.gpu_memory import cuda_share, weights_bytes
+
+            gpu = cuda_share(v.device, 1, weights_bytes(v.path))
+            self.stats["server GPU share"] = gpu.why
+            print(gpu.why, flush=True)
+        s = Server(
+            v.path, dtype=self.dtype, device=str(v.device), max_model_len=max_len, log_path=self.log_path, gpu=gpu
+        )
         s.start()
         self.server = s
         self.stats["server start-up s"] += s.startup_s

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -81,6 +82,34 @@ def _probe(exe: str) -> tuple[str | None, str | None]:
     return None, out[-1] if out else None
 
 
+PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"  # per-request acceptance in each response (recent vLLM)
+
+
+def supported_flags() -> frozenset[str]:
+    """The flags `vllm serve` of the executable draftlab starts accepts, read from its own `--help=all` (vLLM's parser,
+    so no version table to keep): a flag a build lacks is left out and said, not sent to fail the start. Kept in
+    data/cache per executable and its modification time (the help imports vLLM: seconds)."""
+    exe = vllm_executable(required=False)
+    if exe is None:
+        return frozenset()
+    from draftlab.config import data_dir
+    from draftlab.data.manifest import write_atomic
+
+    cache, key = data_dir() / "cache" / "vllm-flags.json", f"{exe}@{os.stat(exe).st_mtime_ns}"
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    if key not in known:
+        done = subprocess.run(
+            [str(exe), "serve", "--help=all"], capture_output=True, text=True, timeout=300, env=server_env()
+        )
+        flags = sorted(set(re.findall(r"(?m)^\s+(--[a-z0-9][a-z0-9-]*)", done.stdout)))
+        if done.returncode != 0 or not flags:
+            return frozenset()  # not cached: a failed probe is asked again
+        known[key] = flags
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache, json.dumps(known, indent=0))
+    return frozenset(known[key])
+
+
 def server_env() -> dict:
     """The environment of a server: nothing from a hub, no usage report; the workbench's own Python
     paths left out (the vLLM environment has its own torch)."""
@@ -95,10 +124,21 @@ def server_env() -> dict:
 
 
 def serve_args(
-    verifier_dir, port: int, dtype: str, device: str, max_model_len: int, seed: int, spec: dict | None = None
+    verifier_dir,
+    port: int,
+    dtype: str,
+    device: str,
+    max_model_len: int,
+    seed: int,
+    spec: dict | None = None,
+    gpu=None,
+    per_request: bool = False,
 ) -> list[str]:
     """`vllm serve <verifier>` on 127.0.0.1:`port` under the served name; `spec` is a draft's
-    `--speculative-config` (`pair_check.speculative_config`), None for the verifier alone."""
+    `--speculative-config` (`pair_check.speculative_config`), None for the verifier alone. On CPU it runs
+    `--enforce-eager`; on a GPU, `gpu` (a `gpu_memory.GpuShare`) gives its share of the card, and the rest
+    is vLLM's default there (torch.compile, CUDA graphs). `per_request` asks for each response's own
+    acceptance figures (PER_REQUEST_FLAG, where the build has it: `supported_flags`)."""
     cmd = [
         str(vllm_executable(required=False) or "vllm"),
         "serve",
@@ -118,8 +158,12 @@ def serve_args(
     ]
     if not str(device).startswith("cuda"):
         cmd.append("--enforce-eager")
+    elif gpu is not None:
+        cmd += gpu.args()
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
+        if per_request:
+            cmd += [PER_REQUEST_FLAG, "detailed"]
     return cmd
 
 
@@ -131,7 +175,9 @@ def serve_command(
     device: str = "cpu",
     max_model_len: int = 2048,
     port: int = 8000,
+    gpu=None,
+    per_request: bool = False,
 ) -> list[str]:
     """The command draftlab runs to serve a trained draft, on a given port (for the README and notebook 05)."""
     spec = None if draft_dir is None else speculative_config(verifier_dir, draft_dir, k)[1]
-    return serve_args(verifier_dir, port, dtype, device, max_model_len, 0, spec)
+    return serve_args(verifier_dir, port, dtype, device, max_model_len, 0, spec, gpu, per_request)

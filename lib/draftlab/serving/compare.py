@@ -46,67 +46,71 @@ def tau_rows(served: dict, loop_summary: dict) -> list[dict]:
 
 
 def speed_rows(served: dict) -> list[dict]:
-    """Wall-clock tokens/s of the same workload, the verifier alone and with each draft: the speed-up a user gets."""
+    """Wall-clock tokens/s of the same workload, the verifier alone and with each draft, at each number of requests in
+    flight: the speed-up a user of the checkpoint gets from this engine on this hardware, and where it stops paying."""
     alone = served["runs"]["verifier alone"]
-    rows = [
-        {
-            "server": "verifier alone",
-            "tokens": alone["tokens"],
-            "seconds": alone["wall_s"],
-            "tokens/s": alone["tokens_per_s"],
-            "speed-up": 1.0,
-            "start-up s": alone["startup_s"],
-        }
-    ]
-    for kind, run in served["runs"].items():
-        if kind != "verifier alone" and "error" not in run:
+    rows = []
+    for i, base in enumerate(alone["levels"]):
+        for kind, run in served["runs"].items():
+            if "error" in run:
+                continue
+            w = run["levels"][i]
+            n = w["counts"]["drafts"]
             rows.append(
                 {
-                    "server": f"with {kind}",
-                    "tokens": run["tokens"],
-                    "seconds": run["wall_s"],
-                    "tokens/s": run["tokens_per_s"],
-                    "speed-up": run["tokens_per_s"] / alone["tokens_per_s"],
+                    "requests in flight": base["concurrency"],
+                    "server": kind if kind == "verifier alone" else f"with {kind}",
+                    "prompts": w["prompts"],
+                    "tokens": w["tokens"],
+                    "seconds": w["wall_s"],
+                    "tokens/s": w["tokens_per_s"],
+                    "speed-up": w["tokens_per_s"] / base["tokens_per_s"],
+                    "vLLM tau": 1 + w["counts"]["accepted"] / n if n else None,
                     "start-up s": run["startup_s"],
                 }
             )
     return rows
 
 
-def greedy_rows(verifier, prompts: list[dict], refs: list[list[int]], served: dict, loop_runs: dict) -> list[dict]:
-    """Greedy outputs over all prompts: identical token for token, or (bf16 only) a near-tie at the first
-    divergence (`accept_eval.greedy_agreement`), or different."""
-    from draftlab.acceptance.evaluate import greedy_agreement
+def greedy_rows(verifier, max_new_tokens: int, served: dict) -> list[dict]:
+    """Greedy outputs over all prompts: vLLM alone against the verifier's own greedy text (every token its argmax in
+    one full forward, `lossless.greedy_check`), and vLLM with each draft against vLLM alone, token for token; in
+    bf16 a divergence at a near-tie is counted apart. (The loop's outputs are checked the same way in the lossless
+    table of notebook 05.)"""
+    from draftlab.acceptance.lossless import greedy_agreement, greedy_check
 
     exact = verifier.dtype.itemsize >= 4
-    alone = [o["token_ids"] for o in served["runs"]["verifier alone"]["outputs"]]
-    pairs = {"vLLM alone vs transformers greedy": (alone, refs)}
+    base = served["runs"]["verifier alone"]
+    ids, alone = base["vllm_prompt_ids"], [o["token_ids"] for o in base["outputs"]]
+    found = [greedy_check(verifier, p, out, max_new_tokens) for p, out in zip(ids, alone, strict=True)]
+    same = sum(c["divergences"] == 0 and c["lossless"] for c in found)
+    ties = sum(c["lossless"] for c in found) - same
+    rows = [_row("vLLM alone vs the verifier's greedy text (one full forward)", len(found), same, ties)]
     for kind, run in served["runs"].items():
-        if kind != "verifier alone" and "error" not in run:
-            pairs[f"vLLM + {kind} vs vLLM alone"] = ([o["token_ids"] for o in run["outputs"]], alone)
-    for name, gens in loop_runs.items():
-        pairs[f"draftlab loop ({name}) vs transformers greedy"] = ([g.tokens for g in gens], refs)
-    rows = []
-    for name, (got, want) in pairs.items():
-        same = sum(g == w for g, w in zip(got, want, strict=True))
+        if kind == "verifier alone" or "error" in run:
+            continue
+        got = [o["token_ids"] for o in run["outputs"]]
+        same = sum(g == w for g, w in zip(got, alone, strict=True))
         ties = (
             0
             if exact
             else sum(
-                g != w and greedy_agreement(verifier, p["ids"], g, w)["lossless"]
-                for p, g, w in zip(prompts, got, want, strict=True)
+                g != w and greedy_agreement(verifier, p, g, w)["lossless"]
+                for p, g, w in zip(ids, got, alone, strict=True)
             )
         )
-        rows.append(
-            {
-                "comparison": name,
-                "prompts": len(want),
-                "identical": same,
-                "near-tie (bf16)": ties,
-                "different": len(want) - same - ties,
-            }
-        )
+        rows.append(_row(f"vLLM + {kind} vs vLLM alone", len(got), same, ties))
     return rows
+
+
+def _row(name: str, prompts: int, same: int, ties: int) -> dict:
+    return {
+        "comparison": name,
+        "prompts": prompts,
+        "identical": same,
+        "near-tie (bf16)": ties,
+        "different": prompts - same - ties,
+    }
 
 
 def checks(verifier, prompts: list[dict], served: dict, kind: str) -> dict:

@@ -7,65 +7,51 @@ into notebook 05's tables and checks (`compare.py`), `for_metrics` into metrics.
 
 from __future__ import annotations
 
-import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from draftlab import DraftlabError
-from draftlab.serving.command import unavailable
+from draftlab.serving import workload
 from draftlab.serving.compare import checks, greedy_rows, speed_rows, tau_rows, warn_on_gaps
-from draftlab.serving.counters import delta, loop_unconditional, served_metrics, spec_counters
+from draftlab.serving.counters import loop_unconditional, served_metrics
 from draftlab.serving.pair_check import aux_layer_ids
-from draftlab.serving.process import stop_groups
 from draftlab.serving.server import Server
+from draftlab.serving.together import Launched, launch, wait_all
 
 
-def workload(server: Server, prompts: list[dict], max_tokens: int) -> dict:
-    """Every prompt sent at once (a server's normal load), greedy; outputs, wall time and counter deltas."""
-    before = spec_counters(server.metrics_text())
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        outs = list(pool.map(lambda p: server.chat(p["text"], max_tokens), prompts))
-    wall = time.perf_counter() - t0
-    counts = delta(before, spec_counters(server.metrics_text()))
-    tokens = sum(len(o["token_ids"]) for o in outs)
-    return {
-        "outputs": outs,
-        "wall_s": wall,
-        "tokens": tokens,
-        "tokens_per_s": tokens / wall,
-        "counts": counts,
-        "startup_s": server.startup_s,
-    }
+def measure(
+    verifier,
+    drafts: dict[str, Path],
+    prompts: list[dict],
+    k: int,
+    max_tokens: int,
+    log_dir: Path,
+    concurrency=(0,),
+    launched: Launched | None = None,
+    pool: list[dict] | None = None,
+) -> dict:
+    """The verifier served alone, then with each draft, on the same prompts at the same k, at each number of
+    requests in flight in `concurrency` (0: every prompt at once); the first level is the one whose outputs
+    and counters the checks use. `launched` are servers `launch` started earlier (else they start here). A level
+    of c > 1 requests in flight serves `prompts` followed by `pool`'s others, 3c in all where there are that many
+    (a workload of only a few waves measures its tail), the same prompts with and without each draft.
 
-
-def measure(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_tokens: int, log_dir: Path) -> dict:
-    """The verifier served alone, then with each draft, on the same prompts at the same k.
-
-    The servers start together and serve one after the other: a start is three processes importing
-    vLLM in turn on one core each, and an idle server takes no CPU, so starting them at once costs
-    about the time of the slowest start instead of their sum (BENCHMARKS.md, "Served acceptance"). Every
-    server is stopped on every path. Returns {"available": False, "reason": ...} where vLLM cannot run;
-    a draft vLLM cannot serve gets {"error": <vLLM's reason>} and the others go on."""
-    reason = unavailable()
-    if reason:
-        return {"available": False, "reason": reason}
-    dtype = str(verifier.dtype).removeprefix("torch.")
-    common = {"dtype": dtype, "device": str(verifier.device), "max_model_len": model_len(prompts, max_tokens, k)}
-    servers, runs = {}, {}
+    The servers start together and serve one after the other: on a CPU a start is three processes importing
+    vLLM in turn on one core each, and an idle server takes no CPU, so starting them at once costs about the
+    time of the slowest start instead of their sum (BENCHMARKS.md, "Served acceptance"). Every server is
+    stopped on every path. Returns {"available": False, "reason": ...} where vLLM cannot run; a draft vLLM
+    cannot serve gets {"error": <vLLM's reason>} and the others go on."""
+    launched = launched or launch(verifier, drafts, prompts + list(pool or []), k, max_tokens, log_dir)
+    if launched.reason:
+        return {"available": False, "reason": launched.reason}
+    servers, runs = launched.servers, dict(launched.errors)
+    levels = list(concurrency) or [0]
     try:
-        servers["verifier alone"] = Server(verifier.path, None, log_path=Path(log_dir) / "vllm-verifier.log", **common)
-        for kind, path in drafts.items():
-            try:
-                servers[kind] = Server(verifier.path, path, k, log_path=Path(log_dir) / f"vllm-{kind}.log", **common)
-            except DraftlabError as e:  # a checkpoint the pair check refuses: no server for it
-                runs[kind] = {"error": str(e).splitlines()[0]}
-        started = start_together(servers)
+        started = wait_all(servers)
         s = servers["verifier alone"]
         try:  # e.g. a model family this vLLM build cannot serve: the rest of stage 05 goes on
             if started["verifier alone"] is not None:
                 raise started["verifier alone"]
-            runs["verifier alone"] = workload(s, prompts, max_tokens)
+            runs["verifier alone"] = serve_levels(s, prompts, pool, max_tokens, levels)
             runs["verifier alone"]["vllm_prompt_ids"] = [s.tokenize(p["text"]) for p in prompts]
         except DraftlabError as e:
             return {"available": False, "reason": f"vLLM could not serve the verifier: {str(e).splitlines()[0]}"}
@@ -77,7 +63,7 @@ def measure(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_
             try:
                 if started[kind] is not None:
                     raise started[kind]
-                run = workload(s, prompts, max_tokens)
+                run = serve_levels(s, prompts, pool, max_tokens, levels)
                 run.update(
                     served_metrics(run["counts"]),
                     aux_layers_logged=s.logged_aux_layers(),
@@ -90,71 +76,54 @@ def measure(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_
             runs[kind] = run
             s.stop()
     finally:
-        stop_all(servers)
+        launched.stop()
     return {
         "available": True,
         "k": k,
-        "dtype": dtype,
+        "dtype": str(verifier.dtype).removeprefix("torch."),
         "max_tokens": max_tokens,
         "started_together": len(servers),
+        "gpu": launched.gpu,
+        "per_request_report": launched.per_request,
         "runs": {kind: runs[kind] for kind in ["verifier alone", *drafts]},
     }
 
 
-def start_together(servers: dict[str, Server]) -> dict[str, DraftlabError | None]:
-    """Launch every server from this thread (their parent-death signal follows the launching thread), then wait
-    for all at once; per name None, or the DraftlabError its start raised (a failed start leaves no process
-    behind). Any other exception, in this thread (an interrupt) or in a wait, stops every server at once (the
-    other waits then end as their processes go) and propagates."""
-    pool = ThreadPoolExecutor(max_workers=max(len(servers), 1))
-
-    def ready(s: Server):
-        try:
-            s.wait_ready()
-        except DraftlabError as e:
-            return e
-        return None
-
-    try:
-        for s in servers.values():
-            s.launch()
-        futures = {name: pool.submit(ready, s) for name, s in servers.items()}
-        done, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
-        for f in done:
-            if f.exception() is not None:
-                raise f.exception()
-        return {name: f.result() for name, f in futures.items()}
-    except BaseException:
-        stop_all(servers)
-        raise
-    finally:
-        pool.shutdown(wait=True)
-
-
-def stop_all(servers: dict[str, Server]) -> None:
-    """Every launched server stopped, side by side (`process.stop_groups`)."""
-    stop_groups([s.proc for s in servers.values() if s.proc is not None])
-
-
-def model_len(prompts, max_tokens, k) -> int:
-    """--max-model-len for a workload, in blocks of 256: a small KV cache starts faster."""
-    longest = max(len(p["ids"]) for p in prompts)
-    return 256 * -(-(longest + max_tokens + k + 16) // 256)  # room for the prompt, the answer and one draft
+def serve_levels(server: Server, prompts: list[dict], pool, max_tokens: int, levels: list[int]) -> dict:
+    """The workload at each level; the first level's outputs, counters and per-request figures on top."""
+    ids = {p["id"] for p in prompts}
+    more = [p for p in pool or [] if p["id"] not in ids]
+    done = [
+        workload.run(server, prompts if c <= 1 else (prompts + more)[: max(len(prompts), 3 * c)], max_tokens, c)
+        for c in levels
+    ]
+    return {**done[0], "startup_s": server.startup_s, "levels": [workload.summary(w) for w in done]}
 
 
 def report(
-    verifier, prompts: list[dict], refs: list[list[int]], served: dict, loop_summary: dict, loop_runs: dict
+    verifier,
+    prompts: list[dict],
+    max_new_tokens: int,
+    served: dict,
+    loop_summary: dict,
+    loop_runs: dict,
+    depth_edges=None,
 ) -> dict:
-    """Every served table of notebook 05 and metrics.json, or {} where vLLM did not run."""
+    """Every served table of notebook 05 and metrics.json, or {} where vLLM did not run. Where vLLM's
+    per-request figures exist (`workload.step_table`), its tau carries an interval over prompts, is set
+    against the loop's on the same prompts (`intervals.paired`), and, where each step is known, drawn
+    against context depth on `depth_edges`."""
     if not served.get("available"):
         return {}
     ok = [kind for kind, run in served["runs"].items() if kind != "verifier alone" and "error" not in run]
-    taus = tau_rows(served, loop_summary)
     k = served["k"]
+    pr = per_request(served, loop_runs, ok, k, depth_edges)
+    taus = with_intervals(tau_rows(served, loop_summary), pr, loop_runs, k)
     return {
+        **pr,
         "tau": taus,
         "speed": speed_rows(served),
-        "greedy": greedy_rows(verifier, prompts, refs, served, loop_runs),
+        "greedy": greedy_rows(verifier, max_new_tokens, served),
         "checks": {kind: checks(verifier, prompts, served, kind) for kind in ok},
         "positions": {
             kind: {
@@ -164,6 +133,60 @@ def report(
             for kind in ok
         },
         "flagged": warn_on_gaps(verifier, prompts, served, taus),
+    }
+
+
+def with_intervals(rows: list[dict], pr: dict, loop_runs: dict, k: int) -> list[dict]:
+    """The tau rows with each engine's pooled interval and per-request mean beside the point figures."""
+    from draftlab.acceptance.intervals import PER_REQUEST, POOLED, estimate, step_table
+    from draftlab.acceptance.reported import ci
+
+    for row in rows:
+        kind = row["proposer"]
+        if "vLLM tau" not in row:
+            continue
+        loop = estimate(step_table(loop_runs[kind]), k)["tau"]
+        row["draftlab tau (95%)"] = ci(loop[POOLED])
+        served = pr["intervals"].get(kind)
+        row["vLLM tau (95%)"] = ci(served["tau"][POOLED]) if served else "no per-request figures"
+        row["vLLM tau, per-request mean"] = ci(served["tau"][PER_REQUEST]) if served else "-"
+    return rows
+
+
+def per_request(served: dict, loop_runs: dict, ok: list[str], k: int, depth_edges=None) -> dict:
+    """vLLM's figures with intervals, the loop against vLLM paired, and vLLM by depth, from per-request figures."""
+    from draftlab.acceptance.depth import by_depth
+    from draftlab.acceptance.depth import depth_edges as edges_of
+    from draftlab.acceptance.intervals import estimate, paired, step_table
+
+    found = {kind: workload.step_table(served["runs"][kind]) for kind in ok}
+    tables = {kind: t for kind, (t, _) in found.items() if t}
+    known = {kind: t for kind, (t, has_depth) in found.items() if t and has_depth}
+    first = served["runs"]["verifier alone"]["concurrency"]
+    source = {kind: served["runs"][kind]["per_request_source"] for kind in tables}
+    why = (
+        None
+        if len(tables) == len(ok)
+        else f"no per-request figures at {first} requests in flight: this vLLM build "
+        f"({'has' if served.get('per_request_report') else 'lacks'} --per-request-spec-decode-metrics) "
+        "gives them in each response, else they come from its counters with one request in flight "
+        "(serve_concurrency starting with 1)"
+    )
+    if known and depth_edges is None:
+        depth_edges = edges_of([steps for t in known.values() for steps in t])
+    return {
+        "intervals": {kind: estimate(t, k) for kind, t in tables.items()},
+        "per_request_source": source,
+        "no_intervals_because": why,
+        "loop_vs_vllm": [
+            paired(step_table(loop_runs[kind]), t, f"{kind} (draftlab loop)", f"{kind} (vLLM)")
+            for kind, t in tables.items()
+        ],
+        "depth": {f"{kind} (vLLM)": by_depth(t, depth_edges) for kind, t in known.items()},
+        "depth_note": None
+        if known
+        else "vLLM by depth needs each request's ordered steps, which only the responses of a build with "
+        "--per-request-spec-decode-metrics carry",
     }
 
 
@@ -181,5 +204,12 @@ def for_metrics(served: dict, rep: dict) -> dict:
         "dtype": served["dtype"],
         "max_tokens": served["max_tokens"],
         "runs": runs,
-        **{key: rep[key] for key in ("tau", "speed", "greedy", "checks", "flagged")},
+        "gpu": served.get("gpu"),
+        **{
+            key: rep[key]
+            for key in (
+                *("tau", "speed", "greedy", "checks", "flagged", "intervals", "per_request_source"),
+                *("no_intervals_because", "loop_vs_vllm", "depth", "depth_note"),
+            )
+        },
     }

@@ -41,15 +41,19 @@ class Server:
         seed: int = 0,
         extra_args=(),
         extra_env: dict | None = None,
+        gpu=None,
+        per_request: bool = False,
     ):
-        """`extra_args` go after draftlab's own flags, `extra_env` over `server_env()` (extract_vllm.py uses both)."""
+        """`extra_args` go after draftlab's own flags, `extra_env` over `server_env()` (extract_vllm.py uses both);
+        `gpu` is its share of a GPU (`gpu_memory.GpuShare`), `per_request` asks for each response's acceptance."""
         self.draft_cfg, spec = (None, None) if draft_dir is None else speculative_config(verifier_dir, draft_dir, k)
         self.verifier_dir, self.draft_dir, self.k, self.dtype = Path(verifier_dir), draft_dir, k, dtype
         self.port, self.startup_timeout, self.max_model_len = free_port(), startup_timeout, max_model_len
         self.log_path = (
             Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="draftlab-vllm-", suffix=".log")[1])
         )
-        cmd = serve_args(self.verifier_dir, self.port, dtype, device, max_model_len, seed, spec)
+        cmd = serve_args(self.verifier_dir, self.port, dtype, device, max_model_len, seed, spec, gpu, per_request)
+        self.gpu, self.per_request = gpu, per_request and spec is not None
         self.command, self.proc, self.startup_s = cmd + list(extra_args), None, None
         self.extra_env = dict(extra_env or {})
 
@@ -175,6 +179,7 @@ class Server:
             "prompt_token_ids": list(r["prompt_token_ids"]),
             "finish_reason": choice["finish_reason"],
             "seconds": time.perf_counter() - t0,
+            "spec": (r.get("metrics") or {}).get("speculative_decoding"),  # per_request servers: this request's figures
         }
 
     def tokenize(self, text: str) -> list[int]:
