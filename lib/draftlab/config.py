@@ -127,7 +127,8 @@ class Accept(Base):
     spec_k: int  # draft tokens per verifier pass for the headline numbers
     spec_k_values: list[int]  # chain lengths for tau against k
     spec_max_new_tokens: int  # tokens generated per prompt
-    spec_prompts: int | None  # prompts per split (bench for the headline, eval beside it); None for all
+    spec_prompts: int | None  # bench prompts for every quoted figure (sized for its interval); None for all
+    spec_eval_prompts: int | None  # eval prompts for the generalisation gap beside them; None for all
     spec_temperature: float  # 0 is greedy verification; above 0 is sampling verification
     spec_ngram_max: int  # longest n-gram the prompt-lookup baseline matches
     serve_with_vllm: bool  # also serve each draft with `vllm serve` and read vLLM's own acceptance

@@ -156,19 +156,23 @@ def paired_plot(comparisons: list[dict], title: str = ""):
     return fig
 
 
-def depth_plot(depth_by_proposer: dict[str, dict], pack_len: int | None = None, title: str = ""):
+def depth_plot(depth_by_proposer: dict[str, dict], pack_len: int | None = None, title: str = "", row_len=None):
     """tau and p_1 against the context depth where a verifier pass begins (`depth.by_depth` outputs), one
-    line per proposer (or engine), error bars where a bucket has an interval, the training pack length dashed."""
+    line per proposer (or engine), error bars where a bucket has an interval, the training pack length dashed
+    and, where given, the longest training row dotted (packs hold several rows, each attending to itself)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     for ax, stat in zip(axes, ("tau", "p_1"), strict=True):
         for i, (name, d) in enumerate(depth_by_proposer.items()):
             rows = [b for b in d["buckets"] if b[stat]["value"] is not None and b["x"] is not None]
-            ax.plot([b["x"] for b in rows], [b[stat]["value"] for b in rows], "o-", color=f"C{i}", label=name)
+            style = "s--" if "vLLM" in name else "o-"  # an engine's line over the loop's: both stay visible
+            ax.plot([b["x"] for b in rows], [b[stat]["value"] for b in rows], style, color=f"C{i}", label=name)
             ci = [b for b in rows if b[stat]["lo"] is not None]
             err = [[b[stat]["value"] - b[stat]["lo"] for b in ci], [b[stat]["hi"] - b[stat]["value"] for b in ci]]
             ax.errorbar([b["x"] for b in ci], [b[stat]["value"] for b in ci], yerr=err, fmt="none", color=f"C{i}")
         if pack_len:
             ax.axvline(pack_len, color="k", ls="--", lw=0.8, label="training pack length")
+        if row_len:
+            ax.axvline(row_len, color="k", ls=":", lw=0.8, label="longest training row")
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(ScalarFormatter())
         _finish(fig, ax, "context length where the verifier pass begins", stat, title)
