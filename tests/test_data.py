@@ -8,14 +8,8 @@ from draftlab import DraftlabError
 from draftlab.data.dataset import build_rows, save_split, tokenize_conversation
 from draftlab.data.generate import generate_responses
 from draftlab.data.generate_hf import length_batches
-from draftlab.data.prompts import (
-    Prompt,
-    load_prompts,
-    read_json_records,
-    record_counts,
-    sharegpt_texts,
-    write_prompt_set,
-)
+from draftlab.data.prompts import Prompt, load_prompts, record_counts, write_prompt_set
+from draftlab.data.sources import read_json_records, sharegpt_texts
 from draftlab.data.vocab import build_mapping, coverage_curve, heldout_coverage, token_frequencies
 
 

