@@ -130,3 +130,32 @@ def test_servers_launched_early_stop_when_a_later_cell_fails():
         assert launched._hook is None, "the hook is gone with the servers"
     finally:
         launched.stop()
+
+
+def test_the_vllm_version_probe_is_kept_per_executable_and_a_failure_is_asked_again(tmp_path, monkeypatch):
+    """`vllm --version` imports torch (seconds); notebooks 01 and 05 ask it every run, so its answer is kept in
+    data/cache for that executable as it is, and a changed executable, or a failed probe, is asked anew."""
+    import os
+
+    from draftlab.serving import command
+
+    exe = tmp_path / "vllm"
+    exe.write_text("#!/bin/sh\necho 9.9.9\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
+    monkeypatch.setenv("DRAFTLAB_VLLM", str(exe))
+    command._probe.cache_clear()
+    assert command.vllm_version() == "9.9.9" and command.unavailable() is None
+    stamp = exe.stat().st_mtime_ns
+    exe.write_text("#!/bin/sh\necho broken >&2; exit 1\n")
+    os.utime(exe, ns=(stamp, stamp))  # the same executable as far as the cache can tell
+    command._probe.cache_clear()
+    assert command.vllm_version() == "9.9.9", "answered from data/cache, not run again"
+    os.utime(exe, ns=(stamp + 10**9, stamp + 10**9))
+    command._probe.cache_clear()
+    assert command.unavailable() == f"`{exe} --version` failed: broken"
+    exe.write_text("#!/bin/sh\necho 9.9.10\n")
+    os.utime(exe, ns=(stamp + 10**9, stamp + 10**9))
+    command._probe.cache_clear()
+    assert command.vllm_version() == "9.9.10", "the failure was not kept"
+    command._probe.cache_clear()

@@ -139,6 +139,7 @@ def test_served_draft_gives_the_verifiers_greedy_output_and_vllms_counters(serve
     by_counters = run["per_request_counters"]
     assert [{k: r[k] for k in c} for r, c in zip(run["per_request"], by_counters, strict=True)] == by_counters
     assert sum(c["drafts"] for c in by_counters) == run["drafts"], "the requests' counts add up to the workload's"
+    assert run["per_request_unattributed"] == 0
     rep = served.report(v, prompts, N_NEW, got, {"eagle3": {"all": loop}}, {"eagle3": loop_gens})
     assert rep["intervals"]["eagle3"]["n_prompts"] == len(prompts) and rep["depth"] and rep["loop_vs_vllm"]
     assert [r["requests in flight"] for r in rep["speed"]] == [1, 1, 2, 2]

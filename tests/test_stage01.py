@@ -71,3 +71,17 @@ def test_notebook_01_runs_each_costly_phase_in_a_cell_of_its_own():
         code = "".join(cell["source"])
         found = [ph for ph in phases if ph in code]
         assert len(found) <= 1, f"one cell runs {found}: give each its own cell"
+
+
+def test_longer_bench_prompts_leave_train_and_eval_as_they_were():
+    """bench_max_prompt_chars lets ShareGPT bench prompts run deeper than any training row (notebook 05's depth
+    plot); the prompts learnt from, their order, and every prompt's split stay as without it."""
+    short = load_prompts(*DEFAULT, n_bench=120)
+    long = load_prompts(*DEFAULT, n_bench=120, bench_max_prompt_chars=8000)
+    assert _learn(long) == _learn(short)
+    assert all(len(p.text) <= 1000 for p in _learn(long) if p.source == "sharegpt") and len(_bench(long)) == 120
+    share = [p for p in _bench(long) if p.source == "sharegpt"]
+    assert max(len(p.text) for p in share) > 1000 >= max(len(p.text) for p in _bench(short) if p.source == "sharegpt")
+    assert all(p.split == split_of(p.text, 0.15, p.group, 0.15) for p in long), "no prompt changed split"
+    with pytest.raises(DraftlabError, match="bench_max_prompt_chars=8000 needs n_bench"):
+        load_prompts(*DEFAULT, bench_max_prompt_chars=8000)

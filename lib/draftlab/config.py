@@ -61,6 +61,7 @@ class Extract(Base):
     bench_fraction: float  # share of prompt groups no stage learns from and no setting is chosen on
     n_bench: int | None  # bench prompts, drawn from the bench groups of the whole sources; None: those among n_*
     max_prompt_chars: int  # longer ShareGPT first turns are skipped (and counted)
+    bench_max_prompt_chars: int | None  # with n_bench: ShareGPT bench prompts up to this long (deep contexts)
     max_new_tokens: int  # length of the verifier's regenerated answers
     temperature: float  # greedy when 0
     extra_samples: int  # further sampled answers per train prompt
@@ -130,6 +131,7 @@ class Accept(Base):
     spec_max_new_tokens: int  # tokens generated per prompt
     spec_prompts: int | None  # bench prompts for every quoted figure (sized for its interval); None for all
     spec_eval_prompts: int | None  # eval prompts for the generalisation gap beside them; None for all
+    spec_long_prompts: int  # the longest further bench prompts, for acceptance against depth only
     spec_temperature: float  # 0 is greedy verification; above 0 is sampling verification
     spec_ngram_max: int  # longest n-gram the prompt-lookup baseline matches
     serve_with_vllm: bool  # also serve each draft with `vllm serve` and read vLLM's own acceptance

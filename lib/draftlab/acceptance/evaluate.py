@@ -43,6 +43,15 @@ def load_spec_prompts(prompts: Path, tokenizer, split: str = "bench", n: int | N
     return [{**r, "ids": _chat_ids(tokenizer, r["text"])} for r in mixed[:n]]
 
 
+def longest_prompts(prompts: Path, tokenizer, n: int, exclude=()) -> list[dict]:
+    """The `n` longest bench prompts (in chat-template tokens) not in `exclude` (ids): deep contexts for the depth
+    plot, kept out of the headline, whose prompts are drawn as they come."""
+    if n <= 0:
+        return []
+    rest = [p for p in load_spec_prompts(prompts, tokenizer, "bench") if p["id"] not in set(exclude)]
+    return sorted(rest, key=lambda p: -len(p["ids"]))[:n]
+
+
 def run_prompts(
     verifier, proposer, prompts: list[dict], k: int, max_new_tokens: int, temperature: float = 0.0, seed: int = 0
 ) -> list[Generation]:

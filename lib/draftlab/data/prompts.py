@@ -77,12 +77,15 @@ def load_prompts(
     bench_fraction: float = 0.0,
     max_prompt_chars: int = 2000,
     n_bench: int | None = None,
+    bench_max_prompt_chars: int | None = None,
 ) -> list[Prompt]:
     """A deterministic sample (hash order) of each source; the splits come from further hashes. The first
     n_sharegpt / n_chat / n_code prompts of each source in hash order give the train and eval prompts.
     n_bench None: the bench prompts are the ones among those; n_bench N: N bench prompts drawn from the
     bench groups of each whole source in the same hash order (`bench_quota`), the train and eval prompts
-    unchanged, so more bench prompts add no answers to write."""
+    unchanged, so more bench prompts add no answers to write. `bench_max_prompt_chars` (with n_bench) lets
+    ShareGPT bench prompts run longer than the train and eval ones, which stay exactly as without it: contexts
+    deeper than any training row, where acceptance may fall (notebook 05's depth plot)."""
     if n_chat + n_code + n_sharegpt <= 0:
         raise DraftlabError("The prompt set is empty: set n_sharegpt, n_chat and/or n_code above 0 in the profile.")
     if not 0.0 < eval_fraction < 1.0:
@@ -93,14 +96,20 @@ def load_prompts(
         raise DraftlabError(f"n_bench={n_bench} must be 0 or more (null: the bench prompts among those taken).")
     if n_bench and not bench_fraction:
         raise DraftlabError(f"n_bench={n_bench} needs bench_fraction above 0: with 0 no group is bench.")
+    longest = max(max_prompt_chars, bench_max_prompt_chars or 0)
+    if longest > max_prompt_chars and n_bench is None:
+        raise DraftlabError(
+            f"bench_max_prompt_chars={bench_max_prompt_chars} needs n_bench set: the longer prompts are drawn as "
+            "bench prompts from the whole source."
+        )
     wanted = {"sharegpt": n_sharegpt, "chat": n_chat, "code": n_code}
-    readers = {"sharegpt": lambda: sharegpt_texts(max_prompt_chars)[0], "chat": chat_texts, "code": code_texts}
+    readers = {"sharegpt": lambda: sharegpt_texts(longest)[0], "chat": chat_texts, "code": code_texts}
     ordered, splits = {}, {}
     for source, n in wanted.items():
         if n <= 0:
             continue
         texts = readers[source]()
-        if n > len(texts):
+        if n > sum(source != "sharegpt" or len(t) <= max_prompt_chars for _, t, _ in texts):
             raise DraftlabError(f"n_{source}={n} but the installed corpus has only {len(texts)} {source} prompts.")
         ordered[source] = sorted(texts, key=lambda it: _unit(it[1], "order"))
         splits[source] = [split_of(t, eval_fraction, g, bench_fraction) for _, t, g in ordered[source]]
@@ -108,13 +117,15 @@ def load_prompts(
     quota = None if n_bench is None else bench_quota(n_bench, {s: wanted[s] for s in ordered}, have)
     prompts = []
     for source, texts in ordered.items():
-        bench_left = quota[source] if quota else 0
-        for i, ((pid, text, group), split) in enumerate(zip(texts, splits[source], strict=True)):
+        bench_left, i = (quota[source] if quota else 0), -1
+        for (pid, text, group), split in zip(texts, splits[source], strict=True):
+            learnable = source != "sharegpt" or len(text) <= max_prompt_chars
+            i += learnable  # the index among prompts the train / eval sets may take: longer ones do not count
             if quota is not None and split == "bench":
                 if bench_left == 0:
                     continue
                 bench_left -= 1
-            elif i >= wanted[source]:
+            elif i >= wanted[source] or not learnable:
                 continue
             prompts.append(Prompt(pid, source, text, split, group))
     for split in ("train", "eval"):

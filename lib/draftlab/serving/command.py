@@ -71,6 +71,15 @@ def vllm_version() -> str | None:
 
 @functools.cache
 def _probe(exe: str) -> tuple[str | None, str | None]:
+    """`vllm --version` (seconds: it imports torch), remembered in data/cache per executable and its modification
+    time, so notebooks 01 and 05 pay it once per vLLM environment; a failure is asked again next time."""
+    from draftlab.config import data_dir
+    from draftlab.data.manifest import write_atomic
+
+    cache, key = data_dir() / "cache" / "vllm-version.json", f"{exe}@{os.stat(exe).st_mtime_ns}"
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    if key in known:
+        return None, known[key]
     try:
         done = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=300, env=server_env())
     except subprocess.TimeoutExpired:
@@ -79,7 +88,10 @@ def _probe(exe: str) -> tuple[str | None, str | None]:
     if done.returncode != 0:
         return f"`{exe} --version` failed: {lines[-1] if lines else f'exit code {done.returncode}'}", None
     out = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
-    return None, out[-1] if out else None
+    known[key] = out[-1] if out else None
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(cache, json.dumps(known, indent=0))
+    return None, known[key]
 
 
 PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"  # per-request acceptance in each response (recent vLLM)
