@@ -32,6 +32,9 @@
 #   carry [".vllm/a"]:                        bash benchmarks/gpu_pipeline.sh stage-vllm a
 #   carry [".vllm/b"]:                        bash benchmarks/gpu_pipeline.sh h200   (installs vLLM, starts the job;
 #                                             again, no carry, while it says "still running")
+# BENCH=0 leaves out the stage-01 benchmarks and notebooks 02-03 (01, 04, 05 only: about 22 of the 30 minutes,
+# as measured on 2026-12-02: start and staging 4 min, 01 7.4, 04 5, 05 about 6). A call that must end before the
+# lease does takes WAIT_S (seconds it waits) lower: every call brings back what is finished so far.
 # Here, a dry run on the ci data of the whole job (no CUDA, this machine's vLLM; nothing installed):
 #   PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRAFTLAB_VLLM=.venv-vllm/bin/vllm \
 #     EXTRACT_ROWS=16 GEN_PROMPTS=16 bash benchmarks/gpu_pipeline.sh h200
@@ -138,6 +141,10 @@ h200-job)
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader || true
   "$DRAFTLAB_VLLM" --version || exit 1
   $py -m draftlab run --profile "$p" --only 01 > /tmp/h200-01.log 2>&1 || { tail -c 4000 /tmp/h200-01.log; exit 1; }
+  if [ "${BENCH:-1}" = 0 ]; then  # the stage-01 benchmarks (and 02, 03) left out: the served figures first
+    $py -m draftlab run --profile "$p" --only 04,05 > /tmp/h200-0405.log 2>&1 || { tail -c 4000 /tmp/h200-0405.log; exit 1; }
+    exit 0
+  fi
   data=$($py -c "from draftlab.config import load_profile; from draftlab.layout import RunLayout
 print(RunLayout(load_profile('$p')['dataset_name'], '$p').split('train'))")
   $py benchmarks/bench_extract_vllm.py --data "$data" --rows "${EXTRACT_ROWS:-1024}" --device "$dev" --dtype "$dt" \

@@ -107,10 +107,6 @@ def verdict_text(found: list[dict]) -> str:
     """One line per comparison for the notebook's prose: a ranking only where the interval excludes 0."""
     lines = []
     for c in found:
-        if c["verdict"] == SAME:
-            lines.append(f"{c['a']} vs {c['b']}: {SAME} ({c['n_prompts']} prompts)")
-        else:
-            lines.append(
-                f"{c['a']} vs {c['b']}: {c['verdict']} by {c['difference']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
-            )
+        diff = f"{c['a']} - {c['b']} = {c['difference']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
+        lines.append(f"{diff}: {SAME if c['verdict'] == SAME else c['verdict']} ({c['n_prompts']} prompts)")
     return "\n".join(lines)
