@@ -16,7 +16,7 @@ from pathlib import Path
 from draftlab.acceptance.evaluate import load_spec_prompts
 from draftlab.data.verifier import load_verifier
 from draftlab.layout import RunLayout
-from draftlab.serving import served
+from draftlab.serving import served, workload
 from draftlab.serving.server import Server
 from draftlab.training.launch import trained_draft
 
@@ -25,7 +25,7 @@ KEY = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
 def generation(v, texts: list[str], max_tokens: int, log: Path) -> dict:
     with Server(v.path, None, dtype="bfloat16", log_path=log) as s:
-        return served.workload(s, [{"text": t} for t in texts], max_tokens)
+        return {**workload.run(s, [{"text": t} for t in texts], max_tokens, 0), "startup_s": s.startup_s}
 
 
 def main() -> None:
