@@ -135,9 +135,7 @@ class Accept(Base):
     spec_temperature: float  # 0 is greedy verification; above 0 is sampling verification
     spec_ngram_max: int  # longest n-gram the prompt-lookup baseline matches
     serve_with_vllm: bool  # also serve each draft with `vllm serve` and read vLLM's own acceptance
-    serve_concurrency: list[
-        int
-    ]  # requests in flight per served workload (0: every prompt at once); the first is checked
+    serve_concurrency: list[int]  # requests in flight per workload (0: all at once); the first is checked
 
 
 STAGES: dict[str, type[Base]] = {"01": Extract, "02": Masks, "03": Build, "04": Train, "05": Accept}

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from draftlab import DraftlabError
-from draftlab.acceptance.bootstrap import percentile_interval, plain, resample_weights
+from draftlab.acceptance.bootstrap import percentile_interval, plain, prompt_sums, resample_weights, statistic
 from draftlab.acceptance.intervals import POOLED
 
 
@@ -36,8 +36,7 @@ def by_depth(table, edges, n_boot: int = 2000, seed: int = 0, level: float = 0.9
     if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
         raise DraftlabError(f"depth edges {edges} must be at least two, strictly increasing (e.g. [0, 128, inf]).")
     n_buckets = len(edges) - 1
-    sums = np.zeros((len(table), n_buckets, 3))  # steps, accepted, steps accepting at least one
-    starts: list[list[int]] = [[] for _ in range(n_buckets)]
+    in_bucket = [[[] for _ in table] for _ in range(n_buckets)]  # per bucket, per prompt, its steps there
     outside = 0
     for p, steps in enumerate(table):
         for s in steps:
@@ -45,26 +44,24 @@ def by_depth(table, edges, n_boot: int = 2000, seed: int = 0, level: float = 0.9
             if not 0 <= b < n_buckets:
                 outside += 1
                 continue
-            sums[p, b] += (1, s.accepted, s.accepted >= 1)
-            starts[b].append(s.start)
+            in_bucket[b][p].append(s)
     rng = np.random.default_rng(seed)
     buckets = []
     for b in range(n_buckets):
-        here = sums[sums[:, b, 0] > 0, b]
+        sums = prompt_sums(in_bucket[b], 1)  # steps, accepted, drafted, steps accepting the first draft
+        here = sums[sums[:, 0] > 0]
         lo_edge, hi_edge = edges[b], edges[b + 1]
         row = {
             "lo": plain(lo_edge),
             "hi": plain(hi_edge),
-            "x": _where(lo_edge, hi_edge, starts[b]),
+            "x": _where(lo_edge, hi_edge, [s.start for steps in in_bucket[b] for s in steps]),
             "n_steps": int(here[:, 0].sum()),
             "n_prompts": len(here),
         }
-        with np.errstate(divide="ignore", invalid="ignore"):
-            stats = {"tau": lambda s: 1 + s[..., 1] / s[..., 0], "p_1": lambda s: s[..., 2] / s[..., 0]}
-            boot = resample_weights(len(here), n_boot, rng) @ here if len(here) >= min_prompts else None
-            for name, f in stats.items():
-                lo, hi = percentile_interval(f(boot), level) if boot is not None else (None, None)
-                row[name] = {"value": plain(f(here.sum(0))) if len(here) else None, "lo": lo, "hi": hi}
+        boot = resample_weights(len(here), n_boot, rng) @ here if len(here) >= min_prompts else None
+        for stat in ("tau", "p_1"):
+            lo, hi = percentile_interval(statistic(boot, stat), level) if boot is not None else (None, None)
+            row[stat] = {"value": plain(statistic(here.sum(0), stat)) if len(here) else None, "lo": lo, "hi": hi}
         buckets.append(row)
     return {
         "rule": POOLED,

@@ -43,13 +43,11 @@ def load_spec_prompts(prompts: Path, tokenizer, split: str = "bench", n: int | N
     return [{**r, "ids": _chat_ids(tokenizer, r["text"])} for r in mixed[:n]]
 
 
-def longest_prompts(prompts: Path, tokenizer, n: int, exclude=()) -> list[dict]:
-    """The `n` longest bench prompts (in chat-template tokens) not in `exclude` (ids): deep contexts for the depth
-    plot, kept out of the headline, whose prompts are drawn as they come."""
-    if n <= 0:
-        return []
-    rest = [p for p in load_spec_prompts(prompts, tokenizer, "bench") if p["id"] not in set(exclude)]
-    return sorted(rest, key=lambda p: -len(p["ids"]))[:n]
+def longest_prompts(pool: list[dict], n: int, exclude=()) -> list[dict]:
+    """The `n` longest of `pool` (`load_spec_prompts` output; by chat-template tokens) not in `exclude` (ids):
+    deep contexts for the depth plot, kept out of the headline, whose prompts are drawn as they come."""
+    rest = [p for p in pool if p["id"] not in set(exclude)]
+    return sorted(rest, key=lambda p: -len(p["ids"]))[: max(n, 0)]
 
 
 def run_prompts(

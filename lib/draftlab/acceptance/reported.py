@@ -37,11 +37,13 @@ def tables(runs: dict, by_source: bool = False) -> dict:
     return out
 
 
-def headline(runs: dict, k: int) -> tuple[list[dict], dict]:
+def headline(runs: dict, k: int) -> tuple[list[dict], dict, dict]:
     """Rows of tau and acceptance rate per proposer and prompt source, each pooled (the headline) and as the
-    per-request mean, with intervals; and {proposer: estimate} over all prompts (metrics.json keeps it whole)."""
-    rows, whole = [], {}
+    per-request mean, with intervals; {proposer: estimate} over all prompts (metrics.json keeps it whole); and
+    {proposer: step table} over all prompts (what the comparisons, depth and sample size read)."""
+    rows, whole, by_proposer = [], {}, {}
     for name, by_src in tables(runs, by_source=True).items():
+        by_proposer[name] = by_src["all"]
         for src, table in by_src.items():
             e = estimate(table, k)
             whole.setdefault(name, e)
@@ -56,7 +58,7 @@ def headline(runs: dict, k: int) -> tuple[list[dict], dict]:
                     "steps": e["n_steps"],
                 }
             )
-    return rows, whole
+    return rows, whole, by_proposer
 
 
 def positions(estimates: dict) -> dict:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from draftlab import DraftlabError
 from draftlab.data.extract import validate_layer_ids
-from draftlab.serving.command import SERVED_NAME, server_env, unavailable, vllm_executable
+from draftlab.serving.command import SERVED_NAME, kept_per_executable, server_env, unavailable, vllm_executable
 from draftlab.serving.server import Server
 
 PLUGINS = Path(__file__).resolve().parents[2] / "vllm_plugins"  # imported inside the vLLM environment only
@@ -56,15 +56,7 @@ def _probe(exe: str) -> tuple[str | None, str | None]:
     connector's source and one pinned allocation in the vLLM environment's torch (seconds: it imports torch; no
     server). Kept in data/cache per executable and its modification time, so notebook 01 pays it once per vLLM
     environment."""
-    from draftlab.config import data_dir
-
-    cache, key = data_dir() / "cache" / "vllm-extract-probe.json", f"{exe}@{os.stat(exe).st_mtime_ns}"
-    known = json.loads(cache.read_text()) if cache.exists() else {}
-    if key not in known:
-        known[key] = _run_probe(exe)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(known, indent=1))
-    return tuple(known[key])
+    return tuple(kept_per_executable("vllm-extract-probe.json", exe, lambda: (_run_probe(exe), True)))
 
 
 def _run_probe(exe: str) -> tuple[str | None, str | None]:

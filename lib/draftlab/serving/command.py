@@ -69,29 +69,43 @@ def vllm_version() -> str | None:
     return _probe(str(exe))[1] if exe else None
 
 
-@functools.cache
-def _probe(exe: str) -> tuple[str | None, str | None]:
-    """`vllm --version` (seconds: it imports torch), remembered in data/cache per executable and its modification
-    time, so notebooks 01 and 05 pay it once per vLLM environment; a failure is asked again next time."""
+def kept_per_executable(name: str, exe, compute):
+    """`compute()` once per vLLM executable as it is (its path and modification time), the answer kept in
+    data/cache/<name>: every probe of a vLLM environment imports vLLM or torch (seconds), and notebooks 01 and
+    05 ask at every run. `compute` returns (answer, keep); an answer not kept (a failed probe) is asked again."""
     from draftlab.config import data_dir
     from draftlab.data.manifest import write_atomic
 
-    cache, key = data_dir() / "cache" / "vllm-version.json", f"{exe}@{os.stat(exe).st_mtime_ns}"
+    cache, key = data_dir() / "cache" / name, f"{exe}@{os.stat(exe).st_mtime_ns}"
     known = json.loads(cache.read_text()) if cache.exists() else {}
     if key in known:
-        return None, known[key]
-    try:
-        done = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=300, env=server_env())
-    except subprocess.TimeoutExpired:
-        return f"`{exe} --version` did not answer within 300 s", None
-    lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
-    if done.returncode != 0:
-        return f"`{exe} --version` failed: {lines[-1] if lines else f'exit code {done.returncode}'}", None
-    out = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
-    known[key] = out[-1] if out else None
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(cache, json.dumps(known, indent=0))
-    return None, known[key]
+        return known[key]
+    answer, keep = compute()
+    if keep:
+        known[key] = answer
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache, json.dumps(known, indent=0))
+    return answer
+
+
+@functools.cache
+def _probe(exe: str) -> tuple[str | None, str | None]:
+    """(why `vllm --version` failed, what it printed), kept per executable (`kept_per_executable`)."""
+
+    def ask():
+        try:
+            done = subprocess.run(
+                [str(exe), "--version"], capture_output=True, text=True, timeout=300, env=server_env()
+            )
+        except subprocess.TimeoutExpired:
+            return (f"`{exe} --version` did not answer within 300 s", None), False
+        lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+        if done.returncode != 0:
+            return (f"`{exe} --version` failed: {lines[-1] if lines else f'exit code {done.returncode}'}", None), False
+        out = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
+        return (None, out[-1] if out else None), True
+
+    return tuple(kept_per_executable("vllm-version.json", exe, ask))
 
 
 PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"  # per-request acceptance in each response (recent vLLM)
@@ -99,27 +113,20 @@ PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"  # per-request acceptance
 
 def supported_flags() -> frozenset[str]:
     """The flags `vllm serve` of the executable draftlab starts accepts, read from its own `--help=all` (vLLM's parser,
-    so no version table to keep): a flag a build lacks is left out and said, not sent to fail the start. Kept in
-    data/cache per executable and its modification time (the help imports vLLM: seconds)."""
+    so no version table to keep): a flag a build lacks is left out and said, not sent to fail the start. Kept per
+    executable (`kept_per_executable`)."""
     exe = vllm_executable(required=False)
     if exe is None:
         return frozenset()
-    from draftlab.config import data_dir
-    from draftlab.data.manifest import write_atomic
 
-    cache, key = data_dir() / "cache" / "vllm-flags.json", f"{exe}@{os.stat(exe).st_mtime_ns}"
-    known = json.loads(cache.read_text()) if cache.exists() else {}
-    if key not in known:
+    def ask():
         done = subprocess.run(
             [str(exe), "serve", "--help=all"], capture_output=True, text=True, timeout=300, env=server_env()
         )
         flags = sorted(set(re.findall(r"(?m)^\s+(--[a-z0-9][a-z0-9-]*)", done.stdout)))
-        if done.returncode != 0 or not flags:
-            return frozenset()  # not cached: a failed probe is asked again
-        known[key] = flags
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache, json.dumps(known, indent=0))
-    return frozenset(known[key])
+        return flags, done.returncode == 0 and bool(flags)
+
+    return frozenset(kept_per_executable("vllm-flags.json", exe, ask))
 
 
 def server_env() -> dict:

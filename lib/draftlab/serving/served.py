@@ -116,9 +116,12 @@ def report(
     if not served.get("available"):
         return {}
     ok = [kind for kind, run in served["runs"].items() if kind != "verifier alone" and "error" not in run]
+    from draftlab.acceptance.intervals import step_table
+
     k = served["k"]
-    pr = per_request(served, loop_runs, ok, k, depth_edges)
-    taus = with_intervals(tau_rows(served, loop_summary), pr, loop_runs, k)
+    loop_tables = {kind: step_table(loop_runs[kind]) for kind in ok}
+    pr = per_request(served, loop_tables, ok, k, depth_edges)
+    taus = with_intervals(tau_rows(served, loop_summary), pr, loop_tables, k)
     return {
         **pr,
         "tau": taus,
@@ -136,16 +139,16 @@ def report(
     }
 
 
-def with_intervals(rows: list[dict], pr: dict, loop_runs: dict, k: int) -> list[dict]:
+def with_intervals(rows: list[dict], pr: dict, loop_tables: dict, k: int) -> list[dict]:
     """The tau rows with each engine's pooled interval and per-request mean beside the point figures."""
-    from draftlab.acceptance.intervals import PER_REQUEST, POOLED, estimate, step_table
+    from draftlab.acceptance.intervals import PER_REQUEST, POOLED, estimate
     from draftlab.acceptance.reported import ci
 
     for row in rows:
         kind = row["proposer"]
         if "vLLM tau" not in row:
             continue
-        loop = estimate(step_table(loop_runs[kind]), k)["tau"]
+        loop = estimate(loop_tables[kind], k)["tau"]
         row["draftlab tau (95%)"] = ci(loop[POOLED])
         served = pr["intervals"].get(kind)
         row["vLLM tau (95%)"] = ci(served["tau"][POOLED]) if served else "no per-request figures"
@@ -153,11 +156,11 @@ def with_intervals(rows: list[dict], pr: dict, loop_runs: dict, k: int) -> list[
     return rows
 
 
-def per_request(served: dict, loop_runs: dict, ok: list[str], k: int, depth_edges=None) -> dict:
+def per_request(served: dict, loop_tables: dict, ok: list[str], k: int, depth_edges=None) -> dict:
     """vLLM's figures with intervals, the loop against vLLM paired, and vLLM by depth, from per-request figures."""
     from draftlab.acceptance.depth import by_depth
     from draftlab.acceptance.depth import depth_edges as edges_of
-    from draftlab.acceptance.intervals import estimate, paired, step_table
+    from draftlab.acceptance.intervals import estimate, paired
 
     found = {kind: workload.step_table(served["runs"][kind]) for kind in ok}
     tables = {kind: t for kind, (t, _) in found.items() if t}
@@ -179,8 +182,7 @@ def per_request(served: dict, loop_runs: dict, ok: list[str], k: int, depth_edge
         "per_request_source": source,
         "no_intervals_because": why,
         "loop_vs_vllm": [
-            paired(step_table(loop_runs[kind]), t, f"{kind} (draftlab loop)", f"{kind} (vLLM)")
-            for kind, t in tables.items()
+            paired(loop_tables[kind], t, f"{kind} (draftlab loop)", f"{kind} (vLLM)") for kind, t in tables.items()
         ],
         "depth": {f"{kind} (vLLM)": by_depth(t, depth_edges) for kind, t in known.items()},
         "depth_note": None

@@ -53,7 +53,6 @@ class Server:
             Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="draftlab-vllm-", suffix=".log")[1])
         )
         cmd = serve_args(self.verifier_dir, self.port, dtype, device, max_model_len, seed, spec, gpu, per_request)
-        self.gpu, self.per_request = gpu, per_request and spec is not None
         self.command, self.proc, self.startup_s = cmd + list(extra_args), None, None
         self.extra_env = dict(extra_env or {})
 

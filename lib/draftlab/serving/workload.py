@@ -23,16 +23,16 @@ def run(server, prompts: list[dict], max_tokens: int, concurrency: int) -> dict:
     c = len(prompts) if concurrency == 0 else concurrency
     drafting = server.draft_dir is not None
     before = spec_counters(server.metrics_text())
-    per_request = [] if drafting and c == 1 else None
+    by_counters = [] if drafting and c == 1 else None  # one in flight: each request's counter difference
     t0 = time.perf_counter()
     if c == 1:
         outs, mark = [], before
         for p in prompts:
             outs.append(server.chat(p["text"], max_tokens))
-            if per_request is not None:
+            if by_counters is not None:
                 time.sleep(SETTLE_S)  # the engine records a step's counts as it hands the output on
                 now = spec_counters(server.metrics_text())
-                per_request.append(delta(mark, now))
+                by_counters.append(delta(mark, now))
                 mark = now
         wall = sum(o["seconds"] for o in outs)  # the requests' own time: the counter reads between them left out
     else:
@@ -42,13 +42,12 @@ def run(server, prompts: list[dict], max_tokens: int, concurrency: int) -> dict:
     counts = delta(before, spec_counters(server.metrics_text()))
     tokens = sum(len(o["token_ids"]) for o in outs)
     reported = [o.get("spec") for o in outs]
-    by_counters = per_request
     if drafting and all(r and r.get("per_step_accepted") is not None for r in reported):
         per_request, source = [from_report(r, k=len(counts["per_pos"])) for r in reported], "response"
-    elif per_request is not None:
-        source = "counters, one request in flight"
+    elif by_counters is not None:
+        per_request, source = by_counters, "counters, one request in flight"
     else:
-        source = None
+        per_request, source = None, None
     return {
         "concurrency": c,
         "prompts": len(prompts),
