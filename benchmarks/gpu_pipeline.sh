@@ -32,9 +32,8 @@
 #   carry [".vllm/a"]:                        bash benchmarks/gpu_pipeline.sh stage-vllm a
 #   carry [".vllm/b"]:                        bash benchmarks/gpu_pipeline.sh h200   (installs vLLM, starts the job;
 #                                             again, no carry, while it says "still running")
-# BENCH=0 leaves out the stage-01 benchmarks and notebooks 02-03 (01, 04, 05 only: about 24 of the 30 minutes,
-# estimated from the parts measured on 2026-12-02: start and staging 4 min, 01 7.4, 04 6.3; 05, never run whole
-# there, about 6). A call that must end before the
+# BENCH=0 leaves out the stage-01 benchmarks and notebooks 02-03 (01, 04, 05 only: 20.1 of the 30 minutes on
+# 2026-12-02, from the machine's start: 01 391 s, 04 330 s, 05 363 s). A call that must end before the
 # lease does takes WAIT_S (seconds it waits) lower: every call brings back what is finished so far.
 # Here, a dry run on the ci data of the whole job (no CUDA, this machine's vLLM; nothing installed):
 #   PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRAFTLAB_VLLM=.venv-vllm/bin/vllm \

@@ -254,3 +254,27 @@ def test_the_reason_given_is_vllms_root_cause_not_the_engines_wrapper(tiny_dir, 
     assert s.cause().startswith("RuntimeError: Engine core initialization failed"), (
         "with nothing else logged, the wrapper"
     )
+
+
+def test_start_up_time_is_when_health_first_answers_not_when_it_was_waited_on(serve_dir, tmp_path):
+    """Servers started together are waited on after the work that overlapped their start: the time reported is when
+    /health first answered (here a stand-in answering at once), not when `wait_ready` was called 3 s later."""
+    import sys
+
+    s = Server(serve_dir, log_path=tmp_path / "stand-in.log")
+    s.command = [
+        sys.executable,
+        "-c",
+        "import http.server as h\n"
+        "class H(h.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self): self.send_response(200); self.end_headers()\n"
+        f"h.HTTPServer(('127.0.0.1', {s.port}), H).serve_forever()",
+    ]
+    try:
+        s.launch()
+        time.sleep(3)
+        s.wait_ready()
+        assert s.startup_s < 2.5, s.startup_s
+    finally:
+        s.stop()
+    assert group_members(s.proc.pid) == []
