@@ -8,7 +8,7 @@ import html
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import NullLocator, ScalarFormatter
 
 SPEC_COLOURS = {"prefill": "#d0d7e1", "accepted": "#b7e4c7", "bonus": "#ffd59e", "rejected": "#f4a6a6"}
 
@@ -114,9 +114,11 @@ def served_speed(rows: list[dict], title: str):
         if name != "verifier alone":
             axes[1].plot(xs, [r["speed-up"] for r in mine], "o-", color=f"C{i}", label=name)
     axes[1].axhline(1.0, color="k", lw=0.8, ls=":")
+    levels = sorted({r["requests in flight"] for r in rows})
     for ax in axes:
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xticks(levels, [str(c) for c in levels])  # the levels measured, as whole numbers
+        ax.xaxis.set_minor_locator(NullLocator())
     _finish(fig, axes[0], "requests in flight", "tokens/s (wall clock)", title)
     return _finish(fig, axes[1], "requests in flight", "speed-up over the verifier alone", title)
 
