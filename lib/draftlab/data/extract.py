@@ -42,6 +42,7 @@ def default_layer_ids(num_layers: int, kind: str = "eagle3", n: int = 5) -> list
 def validate_layer_ids(ids, num_layers: int, default: bool = False) -> list[int]:
     """Sorted whole-number ids, each a layer of the verifier; anything else refused (int() would turn 2.7 into 2)."""
     listed = hasattr(ids, "__iter__") and not isinstance(ids, (str, bytes))
+    ids = list(ids) if listed else ids  # read once (a generator) for the check and the ids
     odd = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)] if listed else [ids]
     if odd:
         raise DraftlabError(
