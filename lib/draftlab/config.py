@@ -140,6 +140,14 @@ class Accept(Base):
 
 STAGES: dict[str, type[Base]] = {"01": Extract, "02": Masks, "03": Build, "04": Train, "05": Accept}
 
+# Stage-01 keys that set how fast 01 works, not what it writes: changing them resumes a dataset, never rewrites it.
+PACE_KEYS = ("gen_batch_size", "extract_batch_size")
+
+
+def readers(key: str) -> list[str]:
+    """The stages whose config has `key`, in order (a `--set` of it takes effect only where one of them runs)."""
+    return [n for n, cls in STAGES.items() if key in typing.get_type_hints(cls)]
+
 
 def stage_fields() -> dict[str, object]:
     """Every profile key any stage reads -> its type (one name, one type, in every stage)."""
@@ -186,8 +194,7 @@ def check_values(params: dict, where, complete: bool = False) -> None:
             )
     missing = sorted(set(known) - set(params)) if complete else []
     if missing:
-        readers = {k: "/".join(n for n, cls in STAGES.items() if k in typing.get_type_hints(cls)) for k in missing}
-        listed = ", ".join(f"{k} (read by stage {r})" for k, r in readers.items())
+        listed = ", ".join(f"{k} (read by stage {'/'.join(readers(k))})" for k in missing)
         raise DraftlabError(f"{where} lacks {listed}: add them to the profile (notebooks hold no defaults).")
 
 
@@ -216,15 +223,27 @@ def load_stage(stage: str, profile: str, overrides: dict | None = None) -> Base:
     return cls(**{f.name: params[f.name] for f in fields(cls)})
 
 
+def open_stage(stage: str, profile: str, run_name: str, overrides: dict | None = None):
+    """A stage's config and its run's `RunLayout`, writing nothing; stage 01 refused where it would change
+    a dataset other runs' drafts were trained on (`RunLayout.refuse_rewrite`; `draftlab run` asks before
+    any notebook starts, the notebook again before it writes)."""
+    from draftlab.layout import RunLayout
+
+    cfg = load_stage(stage, profile, overrides)
+    layout = RunLayout(cfg.dataset_name, run_name)
+    if stage == "01":
+        layout.refuse_rewrite(asdict(cfg), ignore=PACE_KEYS)
+    return cfg, layout
+
+
 def start_stage(stage: str, profile: str, run_name: str, overrides: dict | None = None):
     """What a notebook's second cell calls: its config, its run's `RunLayout`, and the resolved config
     written beside the stage's outputs, marked unfinished until the notebook's last cell calls
     `layout.finish(stage)` (the next stages read it through `layout.upstream` instead of re-deriving it,
     and refuse an unfinished one)."""
-    from draftlab.layout import RunLayout, write_json
+    from draftlab.layout import write_json
 
-    cfg = load_stage(stage, profile, overrides)
-    layout = RunLayout(cfg.dataset_name, run_name)
+    cfg, layout = open_stage(stage, profile, run_name, overrides)
     record = {"stage": stage, "profile": profile, "run_name": run_name, "overrides": overrides or {}}
     write_json(layout.resolved_config(stage), {**record, "finished": None, "config": asdict(cfg)})
     return cfg, layout

@@ -113,7 +113,46 @@ class RunLayout:
                     f"{key}={getattr(cfg, key)!r} here, but stage {stage} ran with {key}={saved['config'][key]!r} "
                     f"({path}): use the same {key}, or re-run notebook {stage} with this one."
                 )
+        self._refuse_unread_overrides(stage, cfg, saved["config"], path)
         return saved["config"]
+
+    def _refuse_unread_overrides(self, stage: str, cfg, used: dict, path: Path) -> None:
+        """An override of this run (recorded in the calling stage's resolved config) that the calling stage
+        does not read and `stage` ran with another value: it would change nothing (e.g. `--set
+        draft_vocab_size=64` for 04 alone, which trains on the vocabulary 01 built)."""
+        from dataclasses import fields
+
+        from draftlab.config import STAGES
+
+        here = next((n for n, cls in STAGES.items() if type(cfg) is cls), None)
+        own = self.resolved_config(here) if here else None
+        overrides = json.loads(own.read_text()).get("overrides", {}) if own and own.exists() else {}
+        read_here = {f.name for f in fields(cfg)}
+        for key, value in overrides.items():
+            if key not in read_here and key in used and used[key] != value:
+                raise DraftlabError(
+                    f"{key}={value!r} is set for run {self.run_name!r}, but stage {here} does not read {key}: it "
+                    f"takes stage {stage}'s {key}={used[key]!r} ({path}). Re-run stage {stage} with it too "
+                    f"(draftlab run --only {stage},{here} --set {key}=...), or drop that setting."
+                )
+
+    def refuse_rewrite(self, config: dict, ignore: tuple[str, ...] = ()) -> None:
+        """Refuse, before stage 01 writes anything, to change this dataset (a `config` that differs from the
+        one 01 last ran with, keys in `ignore` aside) while other runs hold drafts trained on it: their
+        drafts would no longer match their data. Same settings resume."""
+        path = self.resolved_config("01")
+        saved = json.loads(path.read_text()).get("config", {}) if path.exists() else {}
+        changed = {k: (saved[k], v) for k, v in config.items() if k in saved and k not in ignore and saved[k] != v}
+        others = [r for r in runs_on(self.dataset_name, self.root) if r.run_name != self.run_name]
+        if changed and others:
+            what = ", ".join(f"{k}={old!r} -> {new!r}" for k, (old, new) in changed.items())
+            drafts = ", ".join(str(r.drafts) for r in others)
+            raise DraftlabError(
+                f"stage 01 would change dataset {self.dataset_name!r} ({self.data}: {what}), but the drafts of "
+                f"run(s) {[r.run_name for r in others]} were trained on it ({drafts}). "
+                f"Make a new dataset with --set dataset_name=<new name>, or delete those drafts first; "
+                f"01 with the settings in {path} resumes the dataset as it is."
+            )
 
 
 def write_json(path: Path, record: dict) -> None:

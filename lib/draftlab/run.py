@@ -11,7 +11,7 @@ from pathlib import Path
 from unittest.mock import patch
 
 from draftlab import DraftlabError
-from draftlab.config import PROFILES, check_values, load_profile, notebooks_dir
+from draftlab.config import PROFILES, check_values, load_profile, notebooks_dir, open_stage, readers
 from draftlab.layout import RunLayout
 from draftlab.progress import HEADLESS_ENV
 
@@ -54,16 +54,34 @@ def run(
         log.setLevel(logging.INFO)
     params = load_profile(profile)  # refused here, whole, before any notebook starts
     check_values(overrides or {}, "--set")
+    nbs = notebooks(only)
+    refuse_unread(overrides or {}, [p.name[:2] for p in nbs])
     run_name = run_name or profile
+    if any(p.name.startswith("01") for p in nbs):
+        open_stage("01", profile, run_name, overrides)  # refuses rewriting another run's dataset, up front
     out = RunLayout({**params, **(overrides or {})}["dataset_name"], run_name).outputs
     out.mkdir(parents=True, exist_ok=True)
     # the notebooks' parameters cells: each loads its own stage's config from the profile (config.start_stage)
     params = {"profile": profile, "run_name": run_name, "overrides": overrides or {}}
     summary: list[dict] = []
     with patch.dict(os.environ, HEADLESS_ENV):  # kernels inherit it: text progress, no widgets (progress.py)
-        _run_each(notebooks(only), params, out, kernel, cell_timeout, summary)
+        _run_each(nbs, params, out, kernel, cell_timeout, summary)
     print_summary(summary)
     return summary
+
+
+def refuse_unread(overrides: dict, stages: list[str]) -> None:
+    """Refuse a `--set` key that no stage of this run reads: it would change nothing, silently (e.g.
+    `--set draft_vocab_size=64 --only 04`: 04 trains on the vocabulary 01 already built)."""
+    for key, value in overrides.items():
+        by = readers(key)
+        if not set(by) & set(stages):
+            with_it = ",".join(sorted({*stages, by[-1]}))
+            raise DraftlabError(
+                f"--set {key}={value!r}: only stage {'/'.join(by)} reads {key}, and this run runs stage "
+                f"{'/'.join(stages)}, so it would change nothing. Add stage {by[-1]} to the run "
+                f"(--only {with_it}), or drop the --set."
+            )
 
 
 def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeout: int, summary: list[dict]) -> None:

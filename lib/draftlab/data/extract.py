@@ -10,6 +10,7 @@ with `token_ids [T]` and `hidden_states [T, n_aux+1, H]`.
 
 from __future__ import annotations
 
+import numbers
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,15 @@ def default_layer_ids(num_layers: int, kind: str = "eagle3", n: int = 5) -> list
 
 
 def validate_layer_ids(ids, num_layers: int, default: bool = False) -> list[int]:
+    """Sorted whole-number ids, each a layer of the verifier; anything else refused (int() would turn 2.7 into 2)."""
+    listed = hasattr(ids, "__iter__") and not isinstance(ids, (str, bytes))
+    ids = list(ids) if listed else ids  # read once (a generator) for the check and the ids
+    odd = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)] if listed else [ids]
+    if odd:
+        raise DraftlabError(
+            f"layer_ids={ids!r}: aux layer ids are a list of whole numbers (ints), and {odd[0]!r} is a "
+            f"{type(odd[0]).__name__}; write them as ints, e.g. layer_ids=[2, {num_layers // 2}, {num_layers - 3}]."
+        )
     ids = [int(i) for i in ids]
     bad = [i for i in ids if not 0 <= i < num_layers]
     if bad or not ids or len(set(ids)) != len(ids):

@@ -1,0 +1,130 @@
+"""Issue 30, `draftlab run` and stage 01's dataset: a setting that cannot take effect is refused, a dataset
+other runs' drafts were trained on is never rewritten, and aux layer ids are whole numbers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from draftlab import DraftlabError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A notebook that leaves a mark when it runs: a refused run must leave none.
+MARKING = {
+    "cells": [
+        {
+            "id": "c1",
+            "cell_type": "code",
+            "metadata": {"tags": ["parameters"]},
+            "source": 'profile = "ci"\nrun_name = "ci"\noverrides = {}',
+            "outputs": [],
+            "execution_count": None,
+        },
+        {
+            "id": "c2",
+            "cell_type": "code",
+            "metadata": {},
+            "source": "open('ran', 'w').write('yes')",
+            "outputs": [],
+            "execution_count": None,
+        },
+    ],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A checkout with the real profiles and stand-in notebooks 01-05 (each writes notebooks/ran)."""
+    shutil.copytree(ROOT / "notebooks" / "params", tmp_path / "notebooks" / "params")
+    for nb in ("01_a", "02_b", "03_c", "04_d", "05_e"):
+        (tmp_path / "notebooks" / f"{nb}.ipynb").write_text(json.dumps(MARKING))
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_a_set_key_no_stage_of_the_run_reads_is_refused_before_any_notebook(home, capsys):
+    from draftlab.run import main
+
+    for key, value in (("draft_vocab_size", "64"), ("max_length", "128")):
+        assert main(["run", "--profile", "ci", "--only", "04", "--set", f"{key}={value}"]) == 1
+        err = capsys.readouterr().err
+        assert f"--set {key}={value}: only stage 01 reads {key}, and this run runs stage 04" in err, err
+        assert "--only 01,04" in err
+    from draftlab.run import refuse_unread
+
+    with pytest.raises(DraftlabError, match=r"only stage 02/04 reads pack_len.*runs stage 05.*--only 04,05"):
+        refuse_unread({"pack_len": 256}, ["05"])
+    assert not (home / "notebooks" / "ran").exists() and not (home / "outputs").exists()
+    refuse_unread({"draft_vocab_size": 64, "pack_len": 256, "seed": 1}, ["01", "04"])  # each read by a stage run
+
+
+def test_a_stage_refuses_an_override_its_upstream_ran_with_another_value(home):
+    from draftlab.config import start_stage
+
+    _, first = start_stage("01", "ci", "a")
+    first.finish("01")
+    cfg, layout = start_stage("04", "ci", "a", {"draft_vocab_size": 64})  # 04 itself has no draft_vocab_size
+    with pytest.raises(
+        DraftlabError,
+        match=r"draft_vocab_size=64 is set for run 'a', but stage 04 does not read draft_vocab_size: it takes "
+        r"stage 01's draft_vocab_size=2048 .*config.json\)\. Re-run stage 01 with it too \(draftlab run --only 01,04",
+    ):
+        layout.upstream("01", cfg)
+    cfg, layout = start_stage("04", "ci", "a", {"draft_vocab_size": 2048, "seed": 7})  # what 01 used; one 04 reads
+    assert layout.upstream("01", cfg)["draft_vocab_size"] == 2048
+
+
+def _dataset_with_drafts_of(run_name: str):
+    """Stage 01 finished on the ci dataset, and `run_name` trained a draft on it."""
+    from draftlab.config import start_stage
+
+    _, layout = start_stage("01", "ci", run_name)
+    layout.finish("01")
+    layout.final("eagle3").mkdir(parents=True)
+    (layout.final("eagle3") / "model.safetensors").write_text("weights")
+    return layout
+
+
+def test_stage_01_refuses_to_change_a_dataset_another_runs_drafts_were_trained_on(home):
+    from draftlab.config import start_stage
+
+    r0 = _dataset_with_drafts_of("r0")
+    before = r0.resolved_config("01").read_text()
+    for key, value in (("n_chat", 4), ("max_length", 128)):
+        with pytest.raises(
+            DraftlabError,
+            match=rf"stage 01 would change dataset 'smollm2-ci' \(.*{key}=\d+ -> {value}\), but the drafts of "
+            r"run\(s\) \['r0'\] were trained on it \(.*drafts/r0\)\. Make a new dataset with --set dataset_name=",
+        ):
+            start_stage("01", "ci", "r1", {key: value})
+    assert r0.resolved_config("01").read_text() == before  # nothing of the dataset touched
+    assert (r0.final("eagle3") / "model.safetensors").read_text() == "weights"
+    start_stage("01", "ci", "r1", {"extract_batch_size": 3})  # same data, other pace: resumes
+    start_stage("01", "ci", "r1", {"n_chat": 4, "dataset_name": "smollm2-ci-4"})  # a new dataset: its own
+
+
+def test_draftlab_run_refuses_rewriting_another_runs_dataset_before_any_notebook(home, capsys):
+    from draftlab.run import main
+
+    _dataset_with_drafts_of("r0")
+    assert main(["run", "--profile", "ci", "--only", "01", "--run-name", "r1", "--set", "n_chat=4"]) == 1
+    err = capsys.readouterr().err
+    assert "stage 01 would change dataset 'smollm2-ci'" in err and "n_chat=8 -> 4" in err and "['r0']" in err, err
+    assert not (home / "notebooks" / "ran").exists() and not (home / "outputs" / "r1").exists()
+
+
+@pytest.mark.parametrize("ids", [[2.7, 5, 6], [2.0, 5, 6], [True, 5], ["2", 5], "2,5", 2])
+def test_aux_layer_ids_must_be_whole_numbers(ids):
+    from draftlab.data.extract import validate_layer_ids
+
+    with pytest.raises(DraftlabError, match=r"layer_ids=.*: aux layer ids are a list of whole numbers \(ints\)"):
+        validate_layer_ids(ids, 8)
+    assert validate_layer_ids([np.int64(5), 2], 8) == [2, 5]  # ints of any kind
