@@ -14,6 +14,7 @@ from draftlab import DraftlabError
 from draftlab.config import PROFILES, check_values, load_profile, notebooks_dir
 from draftlab.layout import RunLayout
 from draftlab.progress import HEADLESS_ENV
+from draftlab.writes import writing
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -56,7 +57,7 @@ def run(
     check_values(overrides or {}, "--set")
     run_name = run_name or profile
     out = RunLayout({**params, **(overrides or {})}["dataset_name"], run_name).outputs
-    out.mkdir(parents=True, exist_ok=True)
+    writable_outputs(out)
     # the notebooks' parameters cells: each loads its own stage's config from the profile (config.start_stage)
     params = {"profile": profile, "run_name": run_name, "overrides": overrides or {}}
     summary: list[dict] = []
@@ -70,6 +71,8 @@ def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeou
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.exceptions import PapermillExecutionError
+
+    from draftlab.data.manifest import write_atomic  # torch with it: not for `draftlab --help`
 
     profile = params["profile"]
     for nb in nbs:
@@ -107,7 +110,7 @@ def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeou
             )
         rec["seconds"] = round(time.perf_counter() - t0, 1)
         summary.append(rec)
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_atomic(out / "summary.json", json.dumps(summary, indent=1), "the run's summary")
         if rec["status"] != "ok":
             print_summary(summary)
             raise NotebookFailed(
@@ -115,6 +118,19 @@ def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeou
                 f"The executed notebook with the traceback is {out / nb.name}."
             )
     return summary
+
+
+def writable_outputs(out: Path) -> None:
+    """Refuse an outputs folder that cannot be written (read-only, disk full) before any notebook starts,
+    naming it and the fix: papermill would fail on its first save with the OS's words only."""
+    import tempfile
+
+    with writing(out, "the run's outputs folder", elsewhere="choose another --run-name, or another DRAFTLAB_HOME"):
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out) as fh:
+            fh.write(b"draftlab")
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def _running_cell(executed: Path):

@@ -23,6 +23,7 @@ from draftlab import DraftlabError
 from draftlab.data import manifest
 from draftlab.data.hooks import hidden_states
 from draftlab.progress import progress_bar
+from draftlab.writes import writing
 
 FORMAT = "draftlab-hidden-states/1"
 
@@ -102,7 +103,8 @@ def extract(
     layer_ids = validate_layer_ids(layer_ids, verifier.num_layers)
     out_dir = Path(out_dir)
     hs_dir = out_dir / "hidden_states"
-    hs_dir.mkdir(parents=True, exist_ok=True)
+    with writing(hs_dir, "the hidden-state folder"):
+        hs_dir.mkdir(parents=True, exist_ok=True)
     identity = {
         "verifier_fingerprint": verifier.fingerprint,
         "layer_ids": layer_ids,
@@ -116,8 +118,9 @@ def extract(
     rows = dataset.with_format(None)["input_ids"][:n]
     n_slots = len(layer_ids) + 1
 
-    for tmp in hs_dir.glob("*.tmp"):
-        tmp.unlink()
+    with writing(hs_dir, "removing temporary files an interrupted extraction left"):
+        for tmp in hs_dir.glob("*.tmp"):
+            tmp.unlink()
     existing = get_existing_hidden_state_indices(hs_dir)
     for i in [i for i in existing if i >= n]:
         (hs_dir / f"hs_{i}.safetensors").unlink()

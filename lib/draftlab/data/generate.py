@@ -26,6 +26,7 @@ from draftlab import DraftlabError
 from draftlab.data.gen_engine import ENGINES, GEN_DTYPES, Engine, dtype_name, eos_ids, new_tokens  # noqa: F401
 from draftlab.data.generate_hf import hf_answers
 from draftlab.progress import progress_bar
+from draftlab.writes import writing
 
 
 def _chat_ids(tok, text: str) -> list[int]:
@@ -151,8 +152,9 @@ def generate_responses(
         def write(p, ids: list[int]) -> None:
             text = tok.decode(ids, skip_special_tokens=True).strip()
             done[p.id] = text
-            fh.write(json.dumps({"id": p.id, "prompt": asdict(p), "response": text, "settings": want}) + "\n")
-            fh.flush()
+            with writing(path, "the verifier's answers", kept="the answers written before are kept; a re-run resumes"):
+                fh.write(json.dumps({"id": p.id, "prompt": asdict(p), "response": text, "settings": want}) + "\n")
+                fh.flush()
             engine.stats["prompts generated"] += 1
             engine.stats["new tokens"] += new_tokens(ids, eos)
             bar.update(1)

@@ -1,0 +1,131 @@
+"""Faults of the machine (a full disk, a file-size limit, a read-only folder, a killed runner) and bad
+input records: each named with its path and fix, nothing lost."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import resource
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from draftlab import DraftlabError
+
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
+
+
+@contextlib.contextmanager
+def file_size_limit(n_bytes: int):
+    """A real RLIMIT_FSIZE on this process (Python ignores SIGXFSZ, so a write past it fails with EFBIG)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def _trainer(seed: int = 0):
+    """A stand-in for a draft (what `checkpoint.save` reads: `.model`) with its optimizer and schedule."""
+    from conftest import make_model
+
+    model = make_model(64, layers=1, seed=seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return SimpleNamespace(model=model), opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+
+
+def test_a_checkpoint_past_the_file_size_limit_is_named_and_the_last_one_kept(tmp_path):
+    from draftlab.training import checkpoint
+
+    draft, opt, sched = _trainer()
+    first = checkpoint.save(tmp_path, draft, 1, opt, sched, (0, 0), {})
+    before = load_file(first / "model.safetensors")
+    with file_size_limit(4096), pytest.raises(DraftlabError) as err:
+        checkpoint.save(tmp_path, draft, 2, opt, sched, (0, 0), {})
+    msg = str(err.value)
+    assert str(tmp_path / "checkpoints" / "step-2") in msg and "the checkpoint of step 2" in msg
+    assert "file-size limit" in msg and "ulimit -f" in msg and f"{first}, is kept" in msg
+    assert checkpoint.checkpoints(tmp_path) == [first]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1"]  # no temporary folder left
+    after = load_file(first / "model.safetensors")
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_final_past_the_file_size_limit_is_named_and_keeps_the_earlier_final(tmp_path):
+    from draftlab.training import checkpoint
+
+    draft, _, _ = _trainer()
+    checkpoint.write_final(tmp_path, draft)
+    before = (tmp_path / "final" / "model.safetensors").read_bytes()
+    with file_size_limit(4096), pytest.raises(DraftlabError, match=r"final.*\(the trained draft, final/\)"):
+        checkpoint.write_final(tmp_path, _trainer(seed=1)[0])
+    assert (tmp_path / "final" / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
+
+
+def test_hidden_states_past_the_file_size_limit_are_named_and_a_rerun_resumes(tiny, tmp_path):
+    from draftlab.data import dataset, extract, manifest
+
+    from conftest import random_rows
+
+    ds = dataset.save_split(random_rows(tiny.vocab_size, [30, 20, 25]), tiny.tokenizer, tmp_path, max_length=64)
+    with file_size_limit(4096), pytest.raises(DraftlabError) as err:
+        extract.extract(tiny, ds, tmp_path, [2, 4, 5], progress=False)
+    msg = str(err.value)
+    assert "hidden_states/hs_" in msg and "one sample's hidden states" in msg and "file-size limit" in msg
+    assert not list((tmp_path / "hidden_states").glob("*.tmp"))  # no half-written file under any name
+    stats = extract.extract(tiny, ds, tmp_path, [2, 4, 5], progress=False)
+    assert stats.written + stats.reused == 3 and manifest.read(tmp_path)["complete"]
+    manifest.verify_files(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("err", "fix"),
+    [
+        (errno.ENOSPC, "the disk is full: free space on it, or set DRAFTLAB_HOME"),
+        (errno.EFBIG, "a file-size limit stopped it"),
+        (errno.EACCES, "is not writable: make it writable (chmod u+w)"),
+        (errno.EROFS, "is not writable"),
+    ],
+)
+def test_a_refused_write_names_the_file_the_operation_and_the_fix(tmp_path, monkeypatch, err, fix):
+    """Read-only folders cannot be made here (the tests may run as root), so the OS's refusal is stood in for."""
+    from draftlab.data import manifest
+    from draftlab.data.prompts import Prompt, write_prompt_set
+
+    target = tmp_path / "prompts.jsonl"
+    target.write_text("earlier\n")
+
+    def refuse(*a, **kw):
+        raise OSError(err, "refused", str(tmp_path / ".prompts.jsonl.x.tmp"))
+
+    monkeypatch.setattr(manifest.tempfile, "mkstemp", refuse)
+    with pytest.raises(DraftlabError) as got:
+        write_prompt_set([Prompt("a", "chat", "hi", "train")], target)
+    assert f"could not write {target}" in str(got.value) and fix in str(got.value)
+    assert target.read_text() == "earlier\n"
+
+
+def test_a_read_only_outputs_folder_is_refused_before_any_notebook(tmp_path, monkeypatch):
+    import tempfile
+
+    from draftlab import run
+
+    def refuse(*a, **kw):
+        raise PermissionError(errno.EACCES, "Permission denied", kw.get("dir"))
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    with pytest.raises(DraftlabError, match=r"outputs.*not writable.*--run-name"):
+        run.writable_outputs(tmp_path / "outputs" / "x")
+
+
+def test_errors_that_are_not_the_machines_pass_through(tmp_path):
+    from draftlab.writes import writing
+
+    with pytest.raises(KeyError), writing(tmp_path, "a test"):
+        raise KeyError("not a write")
+    with pytest.raises(RuntimeError, match="other"), writing(tmp_path, "a test"):
+        raise RuntimeError("other")
