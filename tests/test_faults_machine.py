@@ -129,3 +129,78 @@ def test_errors_that_are_not_the_machines_pass_through(tmp_path):
         raise KeyError("not a write")
     with pytest.raises(RuntimeError, match="other"), writing(tmp_path, "a test"):
         raise RuntimeError("other")
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its new parent to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _home_with_notebook(tmp_path, code: str):
+    """A DRAFTLAB_HOME whose only notebook, 01_probe.ipynb, runs `code` (the ci profile's parameters)."""
+    import shutil
+
+    import nbformat
+
+    from draftlab.config import notebooks_dir
+
+    params = tmp_path / "notebooks" / "params"
+    params.mkdir(parents=True)
+    shutil.copy(notebooks_dir() / "params" / "ci.yaml", params)
+    nb = nbformat.v4.new_notebook(
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    )
+    nb.cells = [nbformat.v4.new_code_cell(code)]
+    nbformat.write(nb, tmp_path / "notebooks" / "01_probe.ipynb")
+    return tmp_path
+
+
+def test_a_killed_runner_takes_its_kernel_with_it_even_mid_cell(tmp_path):
+    """The cell holds the GIL (one long C call), so ipykernel's own parent check, a Python thread, never runs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    home = _home_with_notebook(
+        tmp_path, f"import os\nopen({str(tmp_path / 'kernel.pid')!r}, 'w').write(str(os.getpid()))\nsum(range(10**13))"
+    )
+    env = {**os.environ, "DRAFTLAB_HOME": str(home), "PYTHONPATH": os.pathsep.join(sys.path)}
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "draftlab", "run", "--profile", "ci", "--only", "01"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pid_file, kernel = tmp_path / "kernel.pid", None
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not (pid_file.exists() and pid_file.read_text()):
+            assert runner.poll() is None, "the runner ended before its kernel ran the cell"
+            time.sleep(0.1)
+        kernel = int(pid_file.read_text())
+        time.sleep(0.5)  # well into sum(), holding the GIL
+        runner.send_signal(signal.SIGKILL)
+        runner.wait()
+        end = time.monotonic() + 5
+        while time.monotonic() < end and _alive(kernel):
+            time.sleep(0.1)
+        assert not _alive(kernel), "the kernel outlived its killed runner"
+    finally:
+        runner.kill()
+        if kernel and _alive(kernel):
+            os.kill(kernel, signal.SIGKILL)
+
+
+def test_a_kernel_that_dies_with_its_runner_still_runs_every_notebook_to_the_end(tmp_path, monkeypatch):
+    from draftlab import run
+
+    monkeypatch.setenv("DRAFTLAB_HOME", str(_home_with_notebook(tmp_path, "x = 6 * 7\nprint(x)")))
+    summary = run.run("ci", ["01"], cell_timeout=60)
+    assert [r["status"] for r in summary] == ["ok"]
+    assert "42" in (tmp_path / "outputs" / "ci" / "01_probe.ipynb").read_text()

@@ -89,6 +89,7 @@ def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeou
                 log_output=True,
                 progress_bar=False,
                 execution_timeout=cell_timeout,
+                kernel_manager_class=_kernel_manager(),
             )
             rec.update(status="ok")
         except PapermillExecutionError as e:
@@ -118,6 +119,26 @@ def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeou
                 f"The executed notebook with the traceback is {out / nb.name}."
             )
     return summary
+
+
+def _kernel_manager() -> type:
+    """nbclient's kernel manager, its kernel sent SIGKILL the moment this runner dies (PR_SET_PDEATHSIG, as
+    `serving.process` does for servers; the kernel's own servers then follow it). ipykernel's own check of its
+    parent runs in a Python thread, so a cell holding the GIL (one long C call) kept the kernel of a killed
+    `draftlab run` computing on its own for minutes."""
+    import functools
+    import signal
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    from draftlab.serving.process import die_with_parent
+
+    class DiesWithRunner(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            kw["preexec_fn"] = functools.partial(die_with_parent, signal.SIGKILL)
+            return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return DiesWithRunner
 
 
 def writable_outputs(out: Path) -> None:

@@ -82,17 +82,8 @@ def save(
 
     def fill(tmp: Path) -> None:
         draft.model.save_pretrained(tmp)
-        torch.save(
-            {
-                "step": step,
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng": rng_state(),
-                "data_position": position,
-                "hparams": hp,
-            },
-            tmp / STATE,
-        )
+        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+        torch.save({**state, "rng": rng_state(), "data_position": position, "hparams": hp}, tmp / STATE)
 
     last = latest(run_dir)
     kept = f"the last complete checkpoint, {last}, is kept" if last else "no earlier checkpoint was touched"
