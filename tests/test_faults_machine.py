@@ -204,3 +204,39 @@ def test_a_kernel_that_dies_with_its_runner_still_runs_every_notebook_to_the_end
     summary = run.run("ci", ["01"], cell_timeout=60)
     assert [r["status"] for r in summary] == ["ok"]
     assert "42" in (tmp_path / "outputs" / "ci" / "01_probe.ipynb").read_text()
+
+
+@pytest.fixture
+def sharegpt_file(tmp_path, monkeypatch):
+    """Where `sources.sharegpt_texts` reads ShareGPT from: write the file's bytes here."""
+    from draftlab.data import sources
+
+    (tmp_path / "data").mkdir()
+    monkeypatch.setattr(sources, "_package_dir", lambda *a: tmp_path)
+    sources.sharegpt_texts.cache_clear()
+    yield tmp_path / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    sources.sharegpt_texts.cache_clear()
+
+
+def test_sharegpt_records_that_are_not_text_are_dropped_and_counted(sharegpt_file, tiny):
+    from draftlab.data.generate import _chat_ids
+    from draftlab.data.sources import sharegpt_texts
+
+    def rec(rid: bytes, value: bytes, answer: bytes = b"ok") -> bytes:
+        turns = b'[{"from": "human", "value": "%s"}, {"from": "gpt", "value": "%s"}]' % (value, answer)
+        return b'{"id": "%s", "conversations": %s}' % (rid, turns)
+
+    records = [
+        rec(b"good_0", b"hello there"),
+        rec(b"escaped_0", b"a lone \\ud800 surrogate"),  # valid JSON, not valid text
+        rec(b"latin1_0", b"caf\xe9 au lait"),  # a byte that is not UTF-8
+        rec(b"bad\xff_0", b"fine text, bad id"),
+        rec(b"answer_0", b"fine question", b"an answer with \xff"),  # only the first human turn is read
+    ]
+    sharegpt_file.write_bytes(b"[\n" + b",\n".join(records) + b"\n]")
+    texts, counts = sharegpt_texts(2000)
+    counts = dict(counts)
+    assert [pid for pid, _, _ in texts] == ["sharegpt/good_0", "sharegpt/answer_0"]
+    assert counts["records read"] == 5 and counts["kept"] == 2
+    assert counts["dropped: not valid text (bytes that are not UTF-8, or a lone surrogate)"] == 3
+    assert all(_chat_ids(tiny.tokenizer, t) for _, t, _ in texts)  # what the tokenizer refused before
