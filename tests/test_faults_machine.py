@@ -240,3 +240,51 @@ def test_sharegpt_records_that_are_not_text_are_dropped_and_counted(sharegpt_fil
     assert counts["records read"] == 5 and counts["kept"] == 2
     assert counts["dropped: not valid text (bytes that are not UTF-8, or a lone surrogate)"] == 3
     assert all(_chat_ids(tiny.tokenizer, t) for _, t, _ in texts)  # what the tokenizer refused before
+
+
+@pytest.fixture(scope="module")
+def overgrown(tmp_path_factory):
+    """A verifier whose tokenizer has one token more than its model embeds ("<extra>", id = the model's size)."""
+    from draftlab.data.verifier import load_verifier
+
+    from conftest import make_model, make_tokenizer
+
+    path = tmp_path_factory.mktemp("overgrown")
+    tok = make_tokenizer()
+    make_model(len(tok), layers=2).save_pretrained(path)
+    tok.add_tokens(["<extra>"])
+    tok.save_pretrained(path)
+    return load_verifier(path, device="cpu", dtype="float32")
+
+
+def test_a_prompt_with_a_token_past_the_vocabulary_is_named_before_generation(overgrown, tmp_path):
+    from draftlab.data.generate import generate_responses
+    from draftlab.data.prompts import Prompt
+
+    prompts = [Prompt("chat/ok", "chat", "hello", "train"), Prompt("chat/over", "chat", "hello <extra>", "train")]
+    n = overgrown.embed.weight.shape[0]
+    with pytest.raises(DraftlabError, match=rf"record chat/over holds token id {n}, .* embeds ids 0 to {n - 1} only"):
+        generate_responses(overgrown, prompts, tmp_path / "responses.jsonl", max_new_tokens=2, engine="hf")
+
+
+def test_a_row_with_a_token_past_the_vocabulary_is_named_before_extraction(tiny, tmp_path):
+    from draftlab.data import dataset, extract
+
+    from conftest import random_rows
+
+    rows = random_rows(tiny.vocab_size, [20, 25])
+    rows["input_ids"][1][3] = tiny.vocab_size + 5
+    ds = dataset.save_split(rows, tiny.tokenizer, tmp_path, max_length=64)
+    with pytest.raises(
+        DraftlabError, match=rf"rows of {tmp_path}: record 1 holds token id {tiny.vocab_size + 5}.*notebook 01"
+    ):
+        extract.extract(tiny, ds, tmp_path, [2, 4, 5], progress=False)
+    assert not list((tmp_path / "hidden_states").glob("hs_*"))
+
+
+def test_a_notebook_05_prompt_past_the_vocabulary_is_named_before_decoding(overgrown):
+    from draftlab.acceptance.evaluate import run_prompts
+
+    ids = overgrown.tokenizer("hi <extra>")["input_ids"]
+    with pytest.raises(DraftlabError, match="prompts of notebook 05: record bench/1 holds token id"):
+        run_prompts(overgrown, None, [{"id": "bench/1", "source": "chat", "ids": ids}], k=2, max_new_tokens=2)

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from draftlab import DraftlabError
 from draftlab.data import manifest
 from draftlab.data.hooks import hidden_states
+from draftlab.data.verifier import check_token_ids
 from draftlab.progress import progress_bar
 from draftlab.writes import writing
 
@@ -116,6 +117,13 @@ def extract(
     if n == 0:
         raise DraftlabError(f"{out_dir}: the dataset has no rows to extract; build it with prompts first.")
     rows = dataset.with_format(None)["input_ids"][:n]
+    check_token_ids(
+        verifier,
+        dict(enumerate(rows)),
+        f"the rows of {out_dir}",
+        "they were tokenised for another verifier or edited: re-run notebook 01 for this dataset_name with this "
+        "verifier (it rewrites rows that changed), or use another dataset_name.",
+    )
     n_slots = len(layer_ids) + 1
 
     with writing(hs_dir, "removing temporary files an interrupted extraction left"):
