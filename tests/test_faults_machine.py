@@ -284,7 +284,9 @@ def test_a_row_with_a_token_past_the_vocabulary_is_named_before_extraction(tiny,
 
 def test_a_notebook_05_prompt_past_the_vocabulary_is_named_before_decoding(overgrown):
     from draftlab.acceptance.evaluate import run_prompts
+    from draftlab.acceptance.proposers import NGramProposer
 
     ids = overgrown.tokenizer("hi <extra>")["input_ids"]
+    prompts = [{"id": "bench/1", "source": "chat", "ids": ids}]
     with pytest.raises(DraftlabError, match="prompts of notebook 05: record bench/1 holds token id"):
-        run_prompts(overgrown, None, [{"id": "bench/1", "source": "chat", "ids": ids}], k=2, max_new_tokens=2)
+        run_prompts(overgrown, NGramProposer(), prompts, k=2, max_new_tokens=2)
