@@ -14,6 +14,7 @@ from draftlab import DraftlabError
 from draftlab.config import PROFILES, check_values, load_profile, notebooks_dir, open_stage, readers
 from draftlab.layout import RunLayout
 from draftlab.progress import HEADLESS_ENV
+from draftlab.writes import writing
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -60,7 +61,7 @@ def run(
     if any(p.name.startswith("01") for p in nbs):
         open_stage("01", profile, run_name, overrides)  # refuses rewriting another run's dataset, up front
     out = RunLayout({**params, **(overrides or {})}["dataset_name"], run_name).outputs
-    out.mkdir(parents=True, exist_ok=True)
+    writable_outputs(out)
     # the notebooks' parameters cells: each loads its own stage's config from the profile (config.start_stage)
     params = {"profile": profile, "run_name": run_name, "overrides": overrides or {}}
     summary: list[dict] = []
@@ -89,6 +90,8 @@ def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeou
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.exceptions import PapermillExecutionError
 
+    from draftlab.data.manifest import write_atomic  # torch with it: not for `draftlab --help`
+
     profile = params["profile"]
     for nb in nbs:
         t0 = time.perf_counter()
@@ -104,6 +107,7 @@ def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeou
                 log_output=True,
                 progress_bar=False,
                 execution_timeout=cell_timeout,
+                kernel_manager_class=_kernel_manager(),
             )
             rec.update(status="ok")
         except PapermillExecutionError as e:
@@ -125,7 +129,7 @@ def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeou
             )
         rec["seconds"] = round(time.perf_counter() - t0, 1)
         summary.append(rec)
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_atomic(out / "summary.json", json.dumps(summary, indent=1), "the run's summary")
         if rec["status"] != "ok":
             print_summary(summary)
             raise NotebookFailed(
@@ -133,6 +137,39 @@ def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeou
                 f"The executed notebook with the traceback is {out / nb.name}."
             )
     return summary
+
+
+def _kernel_manager() -> type:
+    """nbclient's kernel manager, its kernel sent SIGKILL the moment this runner dies (PR_SET_PDEATHSIG, as
+    `serving.process` does for servers; the kernel's own servers then follow it). ipykernel's own check of its
+    parent runs in a Python thread, so a cell holding the GIL (one long C call) kept the kernel of a killed
+    `draftlab run` computing on its own for minutes."""
+    import functools
+    import signal
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    from draftlab.serving.process import die_with_parent
+
+    class DiesWithRunner(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            kw["preexec_fn"] = functools.partial(die_with_parent, signal.SIGKILL)
+            return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return DiesWithRunner
+
+
+def writable_outputs(out: Path) -> None:
+    """Refuse an outputs folder that cannot be written (read-only, disk full) before any notebook starts,
+    naming it and the fix: papermill would fail on its first save with the OS's words only."""
+    import tempfile
+
+    with writing(out, "the run's outputs folder", elsewhere="choose another --run-name, or another DRAFTLAB_HOME"):
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out) as fh:
+            fh.write(b"draftlab")
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def _running_cell(executed: Path):

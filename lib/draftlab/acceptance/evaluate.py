@@ -53,6 +53,14 @@ def longest_prompts(pool: list[dict], n: int, exclude=()) -> list[dict]:
 def run_prompts(
     verifier, proposer, prompts: list[dict], k: int, max_new_tokens: int, temperature: float = 0.0, seed: int = 0
 ) -> list[Generation]:
+    from draftlab.data.verifier import check_token_ids
+
+    check_token_ids(
+        verifier,
+        {p["id"]: p["ids"] for p in prompts},
+        "the prompts of notebook 05",
+        "load them with this verifier's tokenizer (load_spec_prompts), and use the tokenizer saved with the model.",
+    )
     gens = []
     for i, p in enumerate(prompts):
         g = speculative_generate(verifier, proposer, p["ids"], k, max_new_tokens, temperature, seed + i)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftlab import DraftlabError
+from draftlab.writes import writing
 
 
 def require_chat_template(tok, where: object = "the verifier") -> None:
@@ -104,8 +105,9 @@ def save_split(rows: dict, tok, out_dir: Path, max_length: int):
     ds = build_speculator_training_dataset(Dataset.from_dict(rows), tok, max_length=max_length, num_proc=1)
     tmp = out_dir.with_name(out_dir.name + ".arrow-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    ds.save_to_disk(str(tmp))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with writing(out_dir, "the tokenised rows (Arrow)", kept="the rows there before are kept", remove=tmp):
+        ds.save_to_disk(str(tmp))
+        out_dir.mkdir(parents=True, exist_ok=True)
     for old in list(out_dir.glob("data-*.arrow")) + [out_dir / "dataset_info.json", out_dir / "state.json"]:
         old.unlink(missing_ok=True)
     for f in tmp.iterdir():

@@ -23,7 +23,9 @@ from safetensors.torch import load_file
 from draftlab import DraftlabError
 from draftlab.data import manifest
 from draftlab.data.hooks import hidden_states
+from draftlab.data.verifier import check_token_ids
 from draftlab.progress import progress_bar
+from draftlab.writes import writing
 
 FORMAT = "draftlab-hidden-states/1"
 
@@ -112,7 +114,8 @@ def extract(
     layer_ids = validate_layer_ids(layer_ids, verifier.num_layers)
     out_dir = Path(out_dir)
     hs_dir = out_dir / "hidden_states"
-    hs_dir.mkdir(parents=True, exist_ok=True)
+    with writing(hs_dir, "the hidden-state folder"):
+        hs_dir.mkdir(parents=True, exist_ok=True)
     identity = {
         "verifier_fingerprint": verifier.fingerprint,
         "layer_ids": layer_ids,
@@ -124,10 +127,18 @@ def extract(
     if n == 0:
         raise DraftlabError(f"{out_dir}: the dataset has no rows to extract; build it with prompts first.")
     rows = dataset.with_format(None)["input_ids"][:n]
+    check_token_ids(
+        verifier,
+        dict(enumerate(rows)),
+        f"the rows of {out_dir}",
+        "they were tokenised for another verifier or edited: re-run notebook 01 for this dataset_name with this "
+        "verifier (it rewrites rows that changed), or use another dataset_name.",
+    )
     n_slots = len(layer_ids) + 1
 
-    for tmp in hs_dir.glob("*.tmp"):
-        tmp.unlink()
+    with writing(hs_dir, "removing temporary files an interrupted extraction left"):
+        for tmp in hs_dir.glob("*.tmp"):
+            tmp.unlink()
     existing = get_existing_hidden_state_indices(hs_dir)
     for i in [i for i in existing if i >= n]:
         (hs_dir / f"hs_{i}.safetensors").unlink()

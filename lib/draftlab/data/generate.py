@@ -25,7 +25,9 @@ from pathlib import Path
 from draftlab import DraftlabError
 from draftlab.data.gen_engine import ENGINES, GEN_DTYPES, Engine, dtype_name, eos_ids, new_tokens  # noqa: F401
 from draftlab.data.generate_hf import hf_answers
+from draftlab.data.verifier import check_token_ids
 from draftlab.progress import progress_bar
+from draftlab.writes import writing
 
 
 def _chat_ids(tok, text: str) -> list[int]:
@@ -112,6 +114,13 @@ def generate_responses(
     if not todo:
         return {p.id: done[p.id] for p in prompts}
     seqs = {p.id: _chat_ids(tok, p.text) for p in todo}
+    check_token_ids(
+        verifier,
+        seqs,
+        f"the prompts for {path}",
+        "the tokenizer gives ids the model has no embedding for: use the tokenizer saved with the model, or "
+        "resize the model's embeddings (model.resize_token_embeddings(len(tokenizer))) and save it again.",
+    )
     limit = getattr(verifier.config, "max_position_embeddings", None)
     over = [p.id for p in todo if limit and len(seqs[p.id]) + max_new_tokens > limit]
     if over:
@@ -151,8 +160,9 @@ def generate_responses(
         def write(p, ids: list[int]) -> None:
             text = tok.decode(ids, skip_special_tokens=True).strip()
             done[p.id] = text
-            fh.write(json.dumps({"id": p.id, "prompt": asdict(p), "response": text, "settings": want}) + "\n")
-            fh.flush()
+            with writing(path, "the verifier's answers", kept="the answers written before are kept; a re-run resumes"):
+                fh.write(json.dumps({"id": p.id, "prompt": asdict(p), "response": text, "settings": want}) + "\n")
+                fh.flush()
             engine.stats["prompts generated"] += 1
             engine.stats["new tokens"] += new_tokens(ids, eos)
             bar.update(1)

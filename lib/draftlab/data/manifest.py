@@ -17,24 +17,27 @@ from safetensors.torch import load_file
 from safetensors.torch import save as st_save
 
 from draftlab import DraftlabError
+from draftlab.writes import writing
 
 NAME = "manifest.json"
 # Fields that must agree before data in a folder may be reused or extended.
 IDENTITY = ("verifier_fingerprint", "layer_ids", "dtype", "hidden_size")
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
+def write_atomic(path: Path, data: str | bytes, what: str = "a file written all or nothing", **kept) -> None:
     """`data` at `path`, all or nothing: written under a name no other writer uses (two training
-    processes verify one split at once), then renamed over `path`."""
+    processes verify one split at once), then renamed over `path`. A full disk, a file-size limit or a
+    read-only folder is named with `what` (`writes.writing`, which `kept` is passed to)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with writing(path, what, **kept):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data.encode() if isinstance(data, str) else data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def read(folder: Path) -> dict | None:
@@ -43,7 +46,12 @@ def read(folder: Path) -> dict | None:
 
 
 def write(folder: Path, manifest: dict) -> None:
-    write_atomic(Path(folder) / NAME, json.dumps(manifest, indent=1, sort_keys=True))
+    write_atomic(
+        Path(folder) / NAME,
+        json.dumps(manifest, indent=1, sort_keys=True),
+        "the hidden states' manifest",
+        kept="the manifest written before is kept, and so are the sample files; re-running notebook 01 resumes",
+    )
 
 
 def check_identity(folder: Path, expected: dict) -> dict | None:
@@ -68,7 +76,12 @@ def ids_digest(ids) -> str:
 def write_sample(path: Path, token_ids, hs: torch.Tensor) -> dict:
     """One sample file in speculators' layout, written under a temporary name and renamed."""
     blob = st_save({"token_ids": torch.as_tensor(token_ids, dtype=torch.long), "hidden_states": hs.contiguous().cpu()})
-    write_atomic(path, blob)  # a file at its final name is always complete
+    write_atomic(  # a file at its final name is always complete
+        path,
+        blob,
+        "one sample's hidden states",
+        kept="the samples already written are kept; re-running notebook 01 resumes from them",
+    )
     return {
         "sha256": hashlib.sha256(blob).hexdigest(),
         "tokens": len(token_ids),
@@ -108,7 +121,7 @@ def verify_files(folder: Path) -> None:
             bad.append((f, "its bytes differ from the manifest's sha256 (altered after extraction)"))
             continue
         cache[key] = entry["sha256"]
-    write_atomic(cache_path, json.dumps(cache))
+    write_atomic(cache_path, json.dumps(cache), "the record of sample files already hashed")
     if bad:
         raise DraftlabError(
             f"{folder}: {len(bad)} hidden-state file(s) do not match "

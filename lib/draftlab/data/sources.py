@@ -66,8 +66,10 @@ _BETWEEN_RECORDS = re.compile(r"[\s,]*")
 
 def read_json_records(path: Path) -> tuple[list, bool]:
     """The complete records of a JSON array, decoded one by one; (records, whether the file ends in a
-    cut record). The bundled ShareGPT file is truncated mid-record, so `json.load` cannot read it."""
-    text = Path(path).read_text(encoding="utf-8")
+    cut record). The bundled ShareGPT file is truncated mid-record, so `json.load` cannot read it. Bytes
+    that are not UTF-8 are kept as lone surrogates (`surrogateescape`), for `is_text` to drop the records
+    whose text holds them: one bad byte does not stop the whole file."""
+    text = Path(path).read_text(encoding="utf-8", errors="surrogateescape")
     start = text.find("[")
     if start < 0:
         raise DraftlabError(f"{path} is not a JSON array of records.")
@@ -81,6 +83,16 @@ def read_json_records(path: Path) -> tuple[list, bool]:
         except json.JSONDecodeError:
             return out, True
         out.append(rec)
+
+
+def is_text(value: str) -> bool:
+    """Encodable text: no lone surrogate, from a JSON escape ("\\ud800") or a byte that is not UTF-8 (which a
+    tokenizer refuses with "TextEncodeInput must be Union[...]")."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @functools.cache
@@ -100,6 +112,8 @@ def sharegpt_texts(max_chars: int = 2000) -> tuple[tuple[tuple[str, str, str], .
             if not isinstance(first, dict) or first.get("from") != "human"
             else "dropped: non-text turn"
             if not isinstance(value, str)
+            else "dropped: not valid text (bytes that are not UTF-8, or a lone surrogate)"
+            if not is_text(value + str(rec.get("id")))  # the id is hashed too (`prompts.split_of`)
             else "dropped: empty turn"
             if not value.strip()
             else f"dropped: over {max_chars} characters"

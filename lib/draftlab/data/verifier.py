@@ -75,6 +75,20 @@ class Verifier:
         }
 
 
+def check_token_ids(verifier: Verifier, rows: dict, where: str, fix: str) -> None:
+    """Refuse a token id the verifier has no embedding row for, before a forward fails on it with torch's
+    "index out of range in self", which names neither the record nor the cause. `rows`: a record's name ->
+    its token ids; `where` says what the records are, `fix` what to do."""
+    n = verifier.embed.weight.shape[0]
+    for name, ids in rows.items():
+        if len(ids) and not 0 <= min(ids) <= max(ids) < n:
+            bad = next(int(t) for t in ids if not 0 <= t < n)
+            raise DraftlabError(
+                f"{where}: record {name} holds token id {bad}, but the verifier {verifier.path} embeds ids 0 to "
+                f"{n - 1} only (its tokenizer has {len(verifier.tokenizer)} tokens); {fix}"
+            )
+
+
 def _unwrap_state_dict(path: Path, expected: set[str]) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

@@ -23,12 +23,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the parent dies (Linux), so a killed kernel leaves no server."""
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """In the child before exec: `sig` when the parent dies (Linux), so a killed kernel leaves no server."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 

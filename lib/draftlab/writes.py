@@ -1,0 +1,99 @@
+"""Writes the machine refuses (a full disk, a file-size limit, a read-only folder), named.
+
+The OS's own message ("File too large", "Permission denied" on a temporary file, torch's "unexpected
+pos") names neither the file draftlab was writing nor what to do; `writing` turns any such failure into a
+DraftlabError naming the path, the operation and the fix. Every writer it wraps writes under a temporary
+name and renames, so the message can also say what the failure left untouched.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import resource
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from draftlab import DraftlabError
+
+FULL = {errno.ENOSPC, errno.EDQUOT}
+TOO_LARGE = {errno.EFBIG}
+NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+# safetensors (Rust) words an OS error "... (os error 27)"; torch.save's zip writer words a short write
+# "[enforce fail at inline_container.cc:...] unexpected pos" or "PytorchStreamWriter failed writing".
+_RUST_ERRNO = re.compile(r"os error (\d+)")
+_TORCH_WRITE = ("inline_container", "PytorchStreamWriter")
+ELSEWHERE = "set DRAFTLAB_HOME to a checkout on another disk (data/ and outputs/ live under it)"
+
+
+def failed_errno(exc: BaseException) -> int | None:
+    """The OS error number behind a failed write, where the exception carries one."""
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    m = _RUST_ERRNO.search(str(exc))
+    return int(m.group(1)) if m else None
+
+
+def is_write_failure(exc: BaseException) -> bool:
+    """An OSError, or a safetensors / torch.save error that is one underneath."""
+    if isinstance(exc, OSError):
+        return True
+    if type(exc).__name__ == "SafetensorError":
+        return failed_errno(exc) is not None
+    return isinstance(exc, RuntimeError) and any(w in str(exc) for w in _TORCH_WRITE)
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _machine(path: Path) -> str:
+    """Free space on the disk holding `path` and the file-size limit: the two usual causes, as they are now."""
+    try:
+        free = f"{shutil.disk_usage(_existing(path)).free / 2**20:.0f} MiB free on that disk"
+    except OSError:
+        free = "free space unknown"
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    limit = "no file-size limit" if soft == resource.RLIM_INFINITY else f"file-size limit {soft} bytes (ulimit -f)"
+    return f"{free}, {limit}"
+
+
+def fix_for(err: int | None, folder: Path, elsewhere: str) -> str:
+    """What to do about write failure `err` (an errno, or None when the writer did not say) in `folder`."""
+    if err in FULL:
+        return f"the disk is full: free space on it, or {elsewhere}"
+    if err in TOO_LARGE:
+        return "a file-size limit stopped it: raise the limit (`ulimit -f unlimited` in the shell that starts draftlab)"
+    if err in NOT_WRITABLE:
+        return f"{folder} is not writable: make it writable (chmod u+w), or {elsewhere}"
+    return (
+        f"free disk space, raise the file-size limit (`ulimit -f unlimited`) or make {folder} writable, or {elsewhere}"
+    )
+
+
+@contextmanager
+def writing(
+    path, operation: str, kept: str = "nothing else was changed", elsewhere: str = ELSEWHERE, remove: Path | None = None
+):
+    """Run a write of `path`; a failure the machine caused becomes a DraftlabError naming `path`, `operation`
+    (what was being written), the cause and fix, `kept` (what the failure left as it was) and `elsewhere`
+    (the setting that puts the file on another disk or folder). `remove`: a temporary folder the write fills,
+    deleted on any failure or interruption (its space back; it never looks like a result)."""
+    try:
+        yield
+    except BaseException as e:
+        if remove is not None:
+            shutil.rmtree(remove, ignore_errors=True)
+        if isinstance(e, DraftlabError) or not is_write_failure(e):
+            raise
+        path, err = Path(path), failed_errno(e)
+        folder = path if path.is_dir() else path.parent
+        raise DraftlabError(
+            f"could not write {path} ({operation}): {str(e).splitlines()[0] if str(e) else type(e).__name__}; "
+            f"{fix_for(err, folder, elsewhere)} ({_machine(path)}). No partial file was left in its place; "
+            f"{kept}. Then run the same step again."
+        ) from e
