@@ -165,7 +165,7 @@ def test_a_verifier_with_weights_cut_to_half_is_named_before_loading(tiny_dir, t
 
     cut = shutil.copytree(tiny_dir, tmp_path / "verifier")
     _cut(cut / "model.safetensors")
-    with pytest.raises(DraftlabError, match=r"\['model.safetensors'\] are empty or cut short .*cut short.*copy them"):
+    with pytest.raises(DraftlabError, match=r"\['model.safetensors'\] are empty or cut short; copy them .*cut short"):
         load_verifier(cut, device="cpu", dtype="float32")
 
 

@@ -53,8 +53,8 @@ def resolve_verifier(spec: str | Path | None) -> Path:
     if cut:
         name, fault = next(iter(cut.items()))
         raise DraftlabError(
-            f"verifier directory {path}: weight file(s) {list(cut)} are empty or cut short ({name}: {fault}); "
-            "copy them again from the source checkpoint."
+            f"verifier directory {path}: weight file(s) {list(cut)} are empty or cut short; copy them again "
+            f"from the source checkpoint ({name}: {fault})."
         )
     archs = json.loads((path / "config.json").read_text()).get("architectures") or []
     if archs and all(a.endswith(ENCODER_SUFFIXES) for a in archs):
