@@ -375,7 +375,7 @@ def test_make_lab_binds_loopback_only():
 
 
 STAGES = {"data": "01", "masks": "02", "drafts": "03", "training": "04", "acceptance": "05", "serving": "vllm serve"}
-CORE = {"__init__", "__main__", "config", "devices", "figures", "layout", "progress", "run", "writes"}
+CORE = {"__init__", "__main__", "config", "devices", "figures", "files", "layout", "progress", "run", "writes"}
 
 
 def test_the_library_is_grouped_by_stage_with_a_small_core_and_no_module_over_250_lines():

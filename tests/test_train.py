@@ -662,7 +662,8 @@ def test_compare_reads_both_trainers_checkpoints_on_the_same_packs(tiny, data, s
 
 # The core (top-level modules) and the one stage-01 module training reads: the data's manifest (which
 # verifier, which layer ids, checksums), the contract between stage 01's folders and every later stage.
-CORE = ("__init__", "config", "devices", "figures", "layout", "progress", "run", "writes")  # as tests/test_project.py's
+# as tests/test_project.py's
+CORE = ("__init__", "config", "devices", "figures", "files", "layout", "progress", "run", "writes")
 HOME = ("draftlab/training/", *(f"draftlab/{m}.py" for m in CORE))
 MANIFEST = "draftlab/data/manifest.py"
 

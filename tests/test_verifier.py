@@ -125,6 +125,8 @@ def test_gguf_is_parsed_once_within_a_conversion_and_gguf_is_restored_after(tmp_
 def test_an_empty_weights_file_and_a_non_causal_directory_are_named(tiny_dir, tmp_path):
     import shutil
 
+    from safetensors.torch import save_file
+
     cut = tmp_path / "cut"
     shutil.copytree(tiny_dir, cut)
     (cut / "model.safetensors").write_bytes(b"")
@@ -133,7 +135,7 @@ def test_an_empty_weights_file_and_a_non_causal_directory_are_named(tiny_dir, tm
     bert = tmp_path / "bert"
     bert.mkdir()
     (bert / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"], "model_type": "bert"}))
-    (bert / "model.safetensors").write_bytes(b"\0" * 64)
+    save_file({"w": torch.zeros(4)}, bert / "model.safetensors")  # whole weights: the architecture is refused
     with pytest.raises(
         DraftlabError, match=r"is a \['BertForMaskedLM'\] checkpoint: draftlab needs a decoder-only causal LM"
     ):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from draftlab import DraftlabError
 from draftlab.config import repo_root
+from draftlab.files import read_json
 
 SPLITS = ("train", "eval")  # the splits 01 stores rows and hidden states of; bench is prompts only
 
@@ -90,7 +91,7 @@ class RunLayout:
 
     def finish(self, stage: str) -> None:
         """A notebook's last cell: its resolved config marked finished, with the time (`upstream` reads it)."""
-        saved = json.loads(self.resolved_config(stage).read_text())
+        saved = read_json(self.resolved_config(stage), f"Re-run notebook {stage} (draftlab run --only {stage}).")
         write_json(self.resolved_config(stage), {**saved, "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
 
     def upstream(self, stage: str, cfg, same: tuple[str, ...] = ("verifier",), required: bool = True) -> dict | None:
@@ -98,7 +99,13 @@ class RunLayout:
         is missing or unfinished (`required=False`: None then) or when a key in `same` differs from `cfg`
         (e.g. a dataset extracted for another verifier)."""
         path = self.resolved_config(stage)
-        saved = json.loads(path.read_text()) if path.exists() else {}
+        fix = (
+            f"Re-run notebook {stage} to its end (draftlab run --only {stage}; 01 resumes what it finished), "
+            "which writes it again."
+        )
+        saved = read_json(path, fix) if path.exists() else {}
+        if saved and not isinstance(saved.get("config"), dict):
+            raise DraftlabError(f"{path} cannot be read: it has no 'config' mapping. {fix}")
         if not saved.get("finished"):
             if not required:
                 return None
@@ -108,9 +115,9 @@ class RunLayout:
                 f"run notebook {stage} to its end first (draftlab run --only {stage}; 01 resumes what it finished)."
             )
         for key in same:
-            if saved["config"][key] != getattr(cfg, key):
+            if saved["config"].get(key) != getattr(cfg, key):
                 raise DraftlabError(
-                    f"{key}={getattr(cfg, key)!r} here, but stage {stage} ran with {key}={saved['config'][key]!r} "
+                    f"{key}={getattr(cfg, key)!r} here, but stage {stage} ran with {key}={saved['config'].get(key)!r} "
                     f"({path}): use the same {key}, or re-run notebook {stage} with this one."
                 )
         self._refuse_unread_overrides(stage, cfg, saved["config"], path)

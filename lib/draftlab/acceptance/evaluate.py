@@ -7,7 +7,6 @@ before it were right) on the held-out stage-01 data, turned into an expected tau
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -17,6 +16,7 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.acceptance.speculative import Generation, metrics, speculative_generate
+from draftlab.files import read_jsonl
 
 
 def load_spec_prompts(prompts: Path, tokenizer, split: str = "bench", n: int | None = None) -> list[dict]:
@@ -30,8 +30,8 @@ def load_spec_prompts(prompts: Path, tokenizer, split: str = "bench", n: int | N
             f"{path} is missing: run notebook 01 for this dataset_name first (it writes the prompt set "
             "with its train / eval / bench splits)."
         )
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["split"] == split]
+    fix = "Re-run notebook 01 for this dataset_name: it writes the prompt set again (and resumes the rest)."
+    rows = [r for r in read_jsonl(path, fix, ("id", "source", "text", "split")) if r["split"] == split]
     if not rows:
         raise DraftlabError(
             f"{path} holds no {split!r} prompts; raise n_sharegpt/n_chat/n_code, or "

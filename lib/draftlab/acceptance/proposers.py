@@ -82,11 +82,12 @@ def load_draft(path, verifier):
 
     from draftlab.drafts.draft import Draft, _train_config, head_view, verify
     from draftlab.training.checkpoint import load_model, saved_dtype
-    from draftlab.training.launch import find_checkpoint
+    from draftlab.training.launch import check_checkpoint, find_checkpoint
 
     path = Path(path)
     if not (path / "config.json").exists():
         path = find_checkpoint(path)  # speculators' <save>/<epoch>/ layout, or an error naming the fix
+    check_checkpoint(path)  # a cut config.json or model.safetensors named, before speculators reads it
     kind = json.loads((path / "config.json").read_text()).get("speculators_model_type")
     if kind not in ("eagle3", "dflash"):
         raise DraftlabError(f"{path}/config.json is a {kind!r} speculator; draftlab drafts with eagle3 or dflash.")

@@ -13,12 +13,14 @@ import importlib.util
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
 from draftlab import DraftlabError
 from draftlab.config import data_dir
+from draftlab.files import safetensors_fault
 
 EMBEDDED = "smollm2"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -45,7 +47,11 @@ def convert_embedded(dest: Path | None = None, parse_once: bool = True) -> Path:
     parse_once=False leaves transformers to re-read the file at each step (benchmarks/bench_convert.py)."""
     dest = Path(dest or data_dir() / "verifiers" / EMBEDDED_NAME)
     if (dest / "config.json").exists() and (dest / "model.safetensors").exists():
-        return dest
+        fault = safetensors_fault(dest / "model.safetensors")
+        if fault is None:
+            return dest
+        warnings.warn(f"{dest / 'model.safetensors'} cannot be read ({fault}): converting again.", stacklevel=2)
+        shutil.rmtree(dest, ignore_errors=True)  # a copy of the GGUF's weights, nothing else: made again below
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = embedded_gguf()

@@ -26,6 +26,7 @@ from draftlab import DraftlabError
 from draftlab.data.gen_engine import ENGINES, GEN_DTYPES, Engine, dtype_name, eos_ids, new_tokens  # noqa: F401
 from draftlab.data.generate_hf import hf_answers
 from draftlab.data.verifier import check_token_ids
+from draftlab.files import read_jsonl
 from draftlab.progress import progress_bar
 from draftlab.writes import writing
 
@@ -42,11 +43,12 @@ def read_done(path: Path, settings: dict, verifier_dtype: str, requested: str = 
     done: dict[str, str] = {}
     if not path.exists():
         return done
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by an interruption: regenerate that prompt
+    fix = (
+        "Delete that line (notebook 01 answers its prompt again), or the file to regenerate every answer; "
+        "draftlab writes each line with its id, response and settings."
+    )
+    # a line cut by an interruption (mid-character too) is left out: its prompt is answered again
+    for rec in read_jsonl(path, fix, ("id", "response", "settings"), skip_unreadable=True):
         have = {"engine": "hf", "gen_dtype": verifier_dtype, **rec["settings"]}
         for key, want in settings.items():
             if have.get(key) != want:

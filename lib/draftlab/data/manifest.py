@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as st_save
 
 from draftlab import DraftlabError
+from draftlab.files import json_fault, read_cache
 from draftlab.writes import writing
 
 NAME = "manifest.json"
@@ -40,9 +42,29 @@ def write_atomic(path: Path, data: str | bytes, what: str = "a file written all 
             raise
 
 
-def read(folder: Path) -> dict | None:
+def read(folder: Path, redo: bool = False) -> dict | None:
+    """A split's manifest.json (None: there is none). Cut or edited, it is an error naming the fix; with
+    `redo` (notebook 01 extracting into the split) a warning, and None: each hidden-state file is then
+    checked against its row as if there were no manifest, the sound ones kept, the rest redone."""
     path = Path(folder) / NAME
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    found, fault = json_fault(path)
+    missing = [k for k in IDENTITY if k not in found] if found is not None else []
+    fault = fault or (f"it has no {missing[0]!r} field" if missing else None)
+    if fault is None:
+        return found
+    if not redo:
+        raise DraftlabError(
+            f"{path} cannot be read: {fault}. Re-run notebook 01 for this dataset_name: it checks each "
+            "hidden-state file against its row, keeps the sound ones, redoes the rest and writes the manifest again."
+        )
+    warnings.warn(
+        f"{path} cannot be read ({fault}): each hidden-state file in {folder} is checked against its row "
+        "instead; the sound ones are kept, the rest redone, and the manifest written again.",
+        stacklevel=2,
+    )
+    return None
 
 
 def write(folder: Path, manifest: dict) -> None:
@@ -56,7 +78,7 @@ def write(folder: Path, manifest: dict) -> None:
 
 def check_identity(folder: Path, expected: dict) -> dict | None:
     """Refuse a folder made by another verifier, layer set, dtype or hidden size."""
-    found = read(folder)
+    found = read(folder, redo=True)
     if found is None:
         return None
     for key in IDENTITY:
@@ -101,7 +123,7 @@ def verify_files(folder: Path) -> None:
     folder = Path(folder)
     files = (read(folder) or {}).get("files", {})
     cache_path = folder / VERIFIED
-    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    cache = read_cache(cache_path)
     bad = []
     for i, entry in sorted(files.items(), key=lambda kv: int(kv[0])):
         f = folder / "hidden_states" / f"hs_{i}.safetensors"

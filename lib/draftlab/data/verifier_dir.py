@@ -16,6 +16,7 @@ from draftlab import DraftlabError
 from draftlab.config import data_dir
 from draftlab.data.embedded import EMBEDDED, convert_embedded
 from draftlab.data.manifest import write_atomic
+from draftlab.files import read_cache, safetensors_fault
 
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 # Heads of encoder models (BERT-style): no next-token logits, so never a verifier.
@@ -48,11 +49,12 @@ def resolve_verifier(spec: str | Path | None) -> Path:
             f"verifier directory {path} has a config.json but no weights (*.safetensors or "
             "pytorch_model*.bin); copy the weight files next to config.json."
         )
-    empty = [f.name for f in weights if f.stat().st_size < 8]  # a safetensors file starts with an 8-byte header length
-    if empty:
+    cut = {f.name: fault for f in weights if (fault := _weight_fault(f))}
+    if cut:
+        name, fault = next(iter(cut.items()))
         raise DraftlabError(
-            f"verifier directory {path}: weight file(s) {empty} are empty or cut short; copy them again "
-            "from the source checkpoint."
+            f"verifier directory {path}: weight file(s) {list(cut)} are empty or cut short; copy them again "
+            f"from the source checkpoint ({name}: {fault})."
         )
     archs = json.loads((path / "config.json").read_text()).get("architectures") or []
     if archs and all(a.endswith(ENCODER_SUFFIXES) for a in archs):
@@ -61,6 +63,14 @@ def resolve_verifier(spec: str | Path | None) -> Path:
             "architecture such as LlamaForCausalLM), whose next-token logits a draft can learn."
         )
     return path
+
+
+def _weight_fault(f: Path) -> str | None:
+    """A safetensors file's header gives its full length, so a cut one is seen before a load; a .bin file
+    is at least not empty."""
+    if f.suffix == ".safetensors":
+        return safetensors_fault(f)
+    return "it is empty" if f.stat().st_size < 8 else None
 
 
 def fingerprint(path: Path, cache: Path | None = None) -> str:
@@ -79,7 +89,7 @@ def file_digest(f: Path, cache: Path | None = None) -> str:
     cache = Path(cache or data_dir() / "cache" / "weight-digests.json")
     st = f.stat()
     key = f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-    known = json.loads(cache.read_text()) if cache.exists() else {}
+    known = read_cache(cache)
     if key not in known:
         digest = hashlib.sha256()
         with f.open("rb") as fh:

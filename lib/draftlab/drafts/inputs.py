@@ -18,13 +18,13 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from draftlab import DraftlabError
 from draftlab.config import data_dir
 from draftlab.data import manifest
 from draftlab.data.verifier import Verifier
+from draftlab.files import load_npy
 
 
 def _train_config(kind: str, path: Path, **flat):
@@ -95,8 +95,8 @@ def read_data(
             f"{folder}: no unique d2t-N.npy for draft_vocab_size={draft_vocab_size} "
             f"(found {sizes}); pass one of {sizes}."
         )
-    d2t = torch.from_numpy(np.load(folder / f"d2t-{n}.npy"))
-    t2d = torch.from_numpy(np.load(folder / f"t2d-{n}.npy"))
+    fix = "Re-run notebook 01 for this dataset_name: it builds the vocabulary mapping again (and resumes the rest)."
+    d2t, t2d = (torch.from_numpy(load_npy(folder / f"{m}-{n}.npy", fix)) for m in ("d2t", "t2d"))
     if not torch.equal(torch.arange(n) + d2t, t2d.nonzero().flatten()):
         raise DraftlabError(
             f"{folder}: d2t-{n}.npy and t2d-{n}.npy disagree; rebuild both with draftlab.vocab.build_mapping."

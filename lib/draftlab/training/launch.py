@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from draftlab import DraftlabError
+from draftlab.files import json_fault, safetensors_fault
 from draftlab.layout import dataset_and_folder
 from draftlab.training.attention import FLEX
 from draftlab.training.data import pack_length
@@ -68,30 +69,33 @@ def launcher() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run"]
 
 
-def _complete(f: Path) -> bool:
-    """A safetensors file whose header and data are all there (an interrupted save is not)."""
-    import json
-
-    try:
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
-    except (OSError, ValueError):
-        return False
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    return f.stat().st_size >= 8 + n + end
+def checkpoint_fault(folder: Path) -> str | None:
+    """What keeps `SpeculatorModel.from_pretrained` from loading `folder` (None: a speculators model's
+    config.json and whole weights are there), naming the file."""
+    folder = Path(folder)
+    config, fault = json_fault(folder / "config.json")
+    if fault:
+        return f"{folder / 'config.json'}: {fault}"
+    if config.get("speculators_model_type") is None:
+        return f"{folder / 'config.json'}: it is not a speculators config (no speculators_model_type)"
+    fault = safetensors_fault(folder / "model.safetensors")
+    return f"{folder / 'model.safetensors'}: {fault}" if fault else None
 
 
 def loadable(folder: Path) -> bool:
     """config.json of a speculators model and complete weights: what `SpeculatorModel.from_pretrained` loads."""
-    import json
+    return checkpoint_fault(folder) is None
 
-    folder = Path(folder)
-    try:
-        kind = json.loads((folder / "config.json").read_text()).get("speculators_model_type")
-    except (OSError, ValueError):
-        return False
-    return kind is not None and _complete(folder / "model.safetensors")
+
+def check_checkpoint(folder: Path) -> None:
+    """A DraftlabError naming the broken file of a checkpoint folder meant to be whole (draftlab's final/,
+    a folder passed by name), before speculators fails on it."""
+    fault = checkpoint_fault(folder)
+    if fault:
+        raise DraftlabError(
+            f"checkpoint {folder} is broken: {fault}. Re-run notebook 04 to train and save it again (or copy "
+            "the folder again from where it was made), or delete the folder to go on without it."
+        )
 
 
 def find_checkpoint(save_path, prefer: str = "best") -> Path:
@@ -127,8 +131,11 @@ def find_checkpoint(save_path, prefer: str = "best") -> Path:
 
 def trained_draft(kind_dir) -> Path | None:
     """What to draft with from one kind's run folder (`RunLayout.draft(kind)`): draftlab's
-    `final/` or the checkpoint of speculators' save under `speculators/`, the newer if both; None if neither."""
+    `final/` or the checkpoint of speculators' save under `speculators/`, the newer if both; None if neither.
+    A broken final/ is an error naming its file (draftlab writes it whole), not taken for an absent one."""
     kind_dir = Path(kind_dir)
+    if (kind_dir / "final").is_dir():
+        check_checkpoint(kind_dir / "final")
     found = [p for p in (kind_dir / "final", kind_dir / "speculators") if p.is_dir()]
     found = [p for p in (q if loadable(q) else _found(q) for q in found) if p is not None]
     return max(found, key=lambda p: (p / "model.safetensors").stat().st_mtime, default=None)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from draftlab import DraftlabError
+from draftlab.files import read_jsonl
 from draftlab.layout import RunLayout, dataset_and_folder
 from draftlab.training import checkpoint as ckpt
 from draftlab.training.data import Packs, open_split, tokens
@@ -52,8 +53,9 @@ def _log(path: Path, record: dict) -> None:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of a run; a line an interruption cut is left out (training appends as it goes)."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_jsonl(path, "Delete that line, or the file.", skip_unreadable=True) if path.exists() else []
 
 
 PREVIOUS = ".previous"  # a finished or checkpointed run set aside by a fresh one, until that one has a checkpoint
