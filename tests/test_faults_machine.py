@@ -113,13 +113,14 @@ def test_a_read_only_outputs_folder_is_refused_before_any_notebook(tmp_path, mon
     import tempfile
 
     from draftlab import run
+    from draftlab.writes import writable_folder
 
     def refuse(*a, **kw):
         raise PermissionError(errno.EACCES, "Permission denied", kw.get("dir"))
 
     monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
     with pytest.raises(DraftlabError, match=r"outputs.*not writable.*--run-name"):
-        run.writable_outputs(tmp_path / "outputs" / "x")
+        writable_folder(tmp_path / "outputs" / "x", "the run's outputs folder", run.OUTPUTS_ELSEWHERE)
 
 
 def test_errors_that_are_not_the_machines_pass_through(tmp_path):

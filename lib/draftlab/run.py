@@ -14,7 +14,7 @@ from draftlab import DraftlabError
 from draftlab.config import PROFILES, check_values, load_profile, notebooks_dir, open_stage, readers
 from draftlab.layout import RunLayout
 from draftlab.progress import HEADLESS_ENV
-from draftlab.writes import writing
+from draftlab.writes import writable_folder
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -37,6 +37,7 @@ class NotebookFailed(RuntimeError):
 # message (jupyter/nbclient#312), and a bounded failure naming the cell beats a CI job killed at its
 # wall clock with no summary.
 CELL_TIMEOUT_S = 1800
+OUTPUTS_ELSEWHERE = "choose another --run-name, or another DRAFTLAB_HOME"
 
 
 def run(
@@ -61,7 +62,7 @@ def run(
     if any(p.name.startswith("01") for p in nbs):
         open_stage("01", profile, run_name, overrides)  # refuses rewriting another run's dataset, up front
     out = RunLayout({**params, **(overrides or {})}["dataset_name"], run_name).outputs
-    writable_outputs(out)
+    writable_folder(out, "the run's outputs folder", OUTPUTS_ELSEWHERE)
     # the notebooks' parameters cells: each loads its own stage's config from the profile (config.start_stage)
     params = {"profile": profile, "run_name": run_name, "overrides": overrides or {}}
     summary: list[dict] = []
@@ -157,19 +158,6 @@ def _kernel_manager() -> type:
             return await super()._async_launch_kernel(kernel_cmd, **kw)
 
     return DiesWithRunner
-
-
-def writable_outputs(out: Path) -> None:
-    """Refuse an outputs folder that cannot be written (read-only, disk full) before any notebook starts,
-    naming it and the fix: papermill would fail on its first save with the OS's words only."""
-    import tempfile
-
-    with writing(out, "the run's outputs folder", elsewhere="choose another --run-name, or another DRAFTLAB_HOME"):
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out) as fh:
-            fh.write(b"draftlab")
-            fh.flush()
-            os.fsync(fh.fileno())
 
 
 def _running_cell(executed: Path):

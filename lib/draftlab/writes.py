@@ -97,3 +97,17 @@ def writing(
             f"{fix_for(err, folder, elsewhere)} ({_machine(path)}). No partial file was left in its place; "
             f"{kept}. Then run the same step again."
         ) from e
+
+
+def writable_folder(folder: Path, what: str, elsewhere: str) -> None:
+    """Refuse a folder that cannot be written (read-only, disk full) before work starts, naming it and the fix:
+    papermill, say, would fail on its first save with the OS's words only."""
+    import os
+    import tempfile
+
+    with writing(folder, what, elsewhere=elsewhere):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as fh:
+            fh.write(b"draftlab")
+            fh.flush()
+            os.fsync(fh.fileno())
