@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -212,3 +213,16 @@ def test_a_fixed_draftlab_vllm_is_asked_again_and_then_kept(tmp_path, fake_vllm)
     assert command.unavailable() is None and command.vllm_version() == "0.32.0+cpu"
     kept = json.loads((tmp_path / "data" / "cache" / "vllm-version.json").read_text())
     assert list(kept.values()) == [[None, "0.32.0+cpu"]]
+
+
+def test_serve_starts_vllm_for_a_sound_draft_on_a_free_port(serve_dir, draft_dir, tmp_path, fake_vllm, capsys):
+    """The checks refuse only the faults: the draft with the verifier it was made for reaches `vllm serve`."""
+    args = tmp_path / "args"
+    fake_vllm(_script(tmp_path / "vllm", f'[ "$1" = "--version" ] && echo 0.32.0+cpu && exit 0\necho "$@" > {args}\n'))
+    port, before = free_port(), signal.getsignal(signal.SIGTERM)
+    try:
+        assert main(["serve", "--draft", str(draft_dir), "--verifier", str(serve_dir), "--port", str(port)]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, before)  # `draftlab serve` makes SIGTERM stop it as Ctrl-C does
+    got = args.read_text()
+    assert got.startswith(f"serve {serve_dir} --host 127.0.0.1 --port {port} ") and "--speculative-config" in got
