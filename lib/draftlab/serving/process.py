@@ -31,6 +31,7 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
     if not 0 < port < 65536:
         raise DraftlabError(f"--port {port}: pick a port between 1 and 65535 (e.g. --port 8000).")
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM's server binds: a closed one's port is free
         try:
             s.bind((host, port))
         except OSError as e:

@@ -72,11 +72,8 @@ class Server:
         `startup_timeout` None is $DRAFTLAB_VLLM_STARTUP_TIMEOUT or its default (`default_startup_timeout()`)."""
         self.draft_cfg, spec = (None, None) if draft_dir is None else speculative_config(verifier_dir, draft_dir, k)
         self.verifier_dir, self.draft_dir, self.k, self.dtype = Path(verifier_dir), draft_dir, k, dtype
-        self.port, self.startup_timeout, self.max_model_len = (
-            free_port(),
-            startup_timeout or default_startup_timeout(),
-            max_model_len,
-        )
+        self.port, self.max_model_len = free_port(), max_model_len
+        self.startup_timeout = startup_timeout or default_startup_timeout()
         self.log_path = (
             Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="draftlab-vllm-", suffix=".log")[1])
         )
