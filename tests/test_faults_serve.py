@@ -226,3 +226,14 @@ def test_serve_starts_vllm_for_a_sound_draft_on_a_free_port(serve_dir, draft_dir
         signal.signal(signal.SIGTERM, before)  # `draftlab serve` makes SIGTERM stop it as Ctrl-C does
     got = args.read_text()
     assert got.startswith(f"serve {serve_dir} --host 127.0.0.1 --port {port} ") and "--speculative-config" in got
+
+
+def test_a_non_version_answer_an_older_draftlab_kept_is_not_taken_as_vllm(tmp_path, fake_vllm):
+    exe = _script(tmp_path / "vllm", "echo 0.32.0+cpu\n")
+    fake_vllm(exe)
+    cache = tmp_path / "data" / "cache" / "vllm-version.json"
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({f"{exe}@{exe.stat().st_mtime_ns}": [None, "Python 3.12.3"]}))
+    assert command.unavailable().startswith(
+        f"`{exe} --version` did not answer like `vllm --version` (exit code 0, but it printed 'Python 3.12.3'"
+    )

@@ -120,12 +120,14 @@ def _probe(exe: str) -> tuple[str | None, str | None]:
         if done.returncode != 0:
             return (not_vllm(exe, f"exit code {done.returncode}, {said}"), None), False
         out = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
-        if not out or not VERSION.fullmatch(out[-1]):
-            printed = f"printed {out[-1][:200]!r}" if out else said
-            return (not_vllm(exe, f"exit code 0, but it {printed}, not a version number"), None), False
-        return (None, out[-1]), True
+        version = out[-1][:200] if out else None
+        return (None, version), bool(version and VERSION.fullmatch(version))
 
-    return tuple(kept_per_executable("vllm-version.json", exe, ask))
+    why, version = kept_per_executable("vllm-version.json", exe, ask)
+    if why is None and not (version and VERSION.fullmatch(version)):  # also an answer an older draftlab kept
+        printed = f"printed {version!r}" if version else "printed nothing on stdout"
+        return not_vllm(exe, f"exit code 0, but it {printed}, not a version number"), None
+    return why, version
 
 
 PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"  # per-request acceptance in each response (recent vLLM)
