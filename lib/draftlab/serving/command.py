@@ -88,9 +88,23 @@ def kept_per_executable(name: str, exe, compute):
     return answer
 
 
+# What `vllm --version` prints last: a release number (`0.32.0+cpu`, `0.11.1rc2.dev5+g1234abc`). An executable that
+# answers otherwise (a Python, /bin/true, a wrapper script) is not vLLM, however it exits.
+VERSION = re.compile(r"\d+\.\d+(?:\.\d+)?\S*")
+
+
+def not_vllm(exe, how: str) -> str:
+    """Why `exe` cannot be the vLLM draftlab starts, `how` saying what it answered to `--version`, and the fix."""
+    return (
+        f"`{exe} --version` did not answer like `vllm --version` ({how}): {exe} is not a working vLLM. Run "
+        f"`make vllm-env` to (re)make {repo_root() / '.venv-vllm'}, or set {VLLM_ENV} to a `vllm` executable."
+    )
+
+
 @functools.cache
 def _probe(exe: str) -> tuple[str | None, str | None]:
-    """(why `vllm --version` failed, what it printed), kept per executable (`kept_per_executable`)."""
+    """(why `vllm --version` failed, what it printed), kept per executable (`kept_per_executable`). Only an answer
+    that is a version number is kept: any other one (a failure, or an executable that is not vLLM) is asked again."""
 
     def ask():
         try:
@@ -98,14 +112,22 @@ def _probe(exe: str) -> tuple[str | None, str | None]:
                 [str(exe), "--version"], capture_output=True, text=True, timeout=300, env=server_env()
             )
         except subprocess.TimeoutExpired:
-            return (f"`{exe} --version` did not answer within 300 s", None), False
+            return (not_vllm(exe, "no answer within 300 s"), None), False
+        except OSError as e:  # not a program the system can run (no interpreter, a binary for another machine)
+            return (not_vllm(exe, f"it could not run: {e.strerror}"), None), False
         lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+        said = f"last printed {lines[-1][:200]!r}" if lines else "printed nothing"
         if done.returncode != 0:
-            return (f"`{exe} --version` failed: {lines[-1] if lines else f'exit code {done.returncode}'}", None), False
+            return (not_vllm(exe, f"exit code {done.returncode}, {said}"), None), False
         out = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
-        return (None, out[-1] if out else None), True
+        version = out[-1][:200] if out else None
+        return (None, version), bool(version and VERSION.fullmatch(version))
 
-    return tuple(kept_per_executable("vllm-version.json", exe, ask))
+    why, version = kept_per_executable("vllm-version.json", exe, ask)
+    if why is None and not (version and VERSION.fullmatch(version)):  # also an answer an older draftlab kept
+        printed = f"printed {version!r}" if version else "printed nothing on stdout"
+        return not_vllm(exe, f"exit code 0, but it {printed}, not a version number"), None
+    return why, version
 
 
 PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"  # per-request acceptance in each response (recent vLLM)

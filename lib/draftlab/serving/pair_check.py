@@ -12,20 +12,34 @@ from pathlib import Path
 
 from draftlab import DraftlabError
 
+FINAL = "RunLayout.final: data/runs/<dataset_name>/drafts/<run_name>/<kind>/final"
 METHODS = {"eagle3": "eagle3", "dflash": "dflash"}  # speculators_model_type -> vLLM's method
 
 
 def draft_config(draft_dir: Path) -> dict:
+    """The checkpoint's config, once it holds what vLLM loads: a readable config.json of a kind draftlab serves and
+    complete weights (vLLM would start, then fail deep in its worker a minute later)."""
+    from draftlab.training.launch import _complete
+
     path = Path(draft_dir) / "config.json"
     if not path.exists():
         raise DraftlabError(
             f"no draft checkpoint at {draft_dir} (no config.json): run notebook 04, or pass the "
-            "final/ folder it wrote (RunLayout.final: data/runs/<dataset_name>/drafts/<run_name>/<kind>/final)."
+            f"final/ folder it wrote ({FINAL})."
         )
-    cfg = json.loads(path.read_text())
-    if cfg.get("speculators_model_type") not in METHODS:
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DraftlabError(f"{path} cannot be read ({e}): re-run notebook 04 to write {FINAL} again.") from None
+    if not isinstance(cfg, dict) or cfg.get("speculators_model_type") not in METHODS:
+        kind = cfg.get("speculators_model_type") if isinstance(cfg, dict) else None
+        raise DraftlabError(f"{path} is a {kind!r} checkpoint; draftlab serves {sorted(METHODS)}.")
+    weights = Path(draft_dir) / "model.safetensors"
+    if not _complete(weights):
+        why = "is missing" if not weights.exists() else "is cut short or unreadable"
         raise DraftlabError(
-            f"{path} is a {cfg.get('speculators_model_type')!r} checkpoint; draftlab serves {sorted(METHODS)}."
+            f"{weights} {why}: the draft checkpoint needs config.json and its weights. Re-run notebook 04 to write "
+            f"{FINAL} again, or copy the whole folder from where it was trained."
         )
     return cfg
 
@@ -74,3 +88,14 @@ def speculative_config(verifier_dir, draft_dir, k: int) -> tuple[dict, dict]:
         "num_speculative_tokens": k,
     }
     return cfg, spec
+
+
+def check_frozen(verifier_dir, draft_dir, dtype: str) -> None:
+    """Refuse a draft whose frozen parts (embeddings, heads, verifier norm) are not this verifier's tensors: the
+    loop's own check (`proposers.load_draft`), on the CPU. A verifier of the same shapes but other weights (another
+    fine-tune) passes `check_pair`, and vLLM would serve the draft against it, accepting little, with nothing said.
+    Notebook 05's servers take drafts its loop loaded with this check already; `draftlab serve` calls it."""
+    from draftlab.acceptance.proposers import load_draft
+    from draftlab.data.verifier import load_verifier
+
+    load_draft(draft_dir, load_verifier(verifier_dir, device="cpu", dtype=dtype))

@@ -16,11 +16,30 @@ import subprocess
 import time
 from pathlib import Path
 
+from draftlab import DraftlabError
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def check_port(port: int, host: str = "127.0.0.1") -> None:
+    """Refuse a port something already listens on, by binding it first: vLLM would load the model, then die on
+    its bind with a traceback. (A port taken between this check and vLLM's bind is still vLLM's to report.)"""
+    if not 0 < port < 65536:
+        raise DraftlabError(f"--port {port}: pick a port between 1 and 65535 (e.g. --port 8000).")
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM's server binds: a closed one's port is free
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise DraftlabError(
+                f"port {port} on {host} is taken ({e.strerror}): another server (an earlier `draftlab serve`?) "
+                f"listens there. Pass another --port (e.g. --port {free_port()}), or stop what holds it "
+                f"(`ss -ltnp 'sport = :{port}'` names it)."
+            ) from None
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
@@ -78,12 +97,20 @@ def stop_groups(procs: list[subprocess.Popen], grace_s: float = 30) -> None:
 def serve_forever(
     verifier_dir, draft_dir, k: int = 5, dtype: str = "float32", device: str = "cpu", port: int = 8000
 ) -> int:
-    """`draftlab serve`: the same server in the foreground, logging to the terminal, until Ctrl-C or SIGTERM."""
+    """`draftlab serve`: the same server in the foreground, logging to the terminal, until Ctrl-C or SIGTERM. Every
+    fault draftlab can see is refused before vLLM starts: the draft's files, its fit to the verifier (shapes and
+    frozen tensors), the port, and the vLLM executable."""
     import shlex
 
-    from draftlab.serving.command import serve_command, server_env
+    from draftlab.serving.command import serve_command, server_env, unavailable
+    from draftlab.serving.pair_check import check_frozen
 
-    cmd = serve_command(verifier_dir, draft_dir, k, dtype, device, port=port)
+    cmd = serve_command(verifier_dir, draft_dir, k, dtype, device, port=port)  # the pair's files and shapes checked
+    check_port(port)
+    reason = unavailable()
+    if reason:
+        raise DraftlabError(reason)
+    check_frozen(verifier_dir, draft_dir, dtype)  # seconds: loads the verifier and the draft on the CPU
     print(shlex.join(cmd), flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the server as Ctrl-C does
     proc = subprocess.Popen(cmd, env=server_env(), start_new_session=True, preexec_fn=die_with_parent)

@@ -11,6 +11,7 @@ It then speaks vLLM's HTTP API: chat, tokenize, metrics, and the reasons in vLLM
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -21,9 +22,31 @@ import urllib.request
 from pathlib import Path
 
 from draftlab import DraftlabError
-from draftlab.serving.command import SERVED_NAME, serve_args, server_env, vllm_executable
+from draftlab.serving.command import SERVED_NAME, serve_args, server_env, unavailable
 from draftlab.serving.pair_check import speculative_config
 from draftlab.serving.process import die_with_parent, free_port, stop_group
+
+STARTUP_TIMEOUT_ENV = "DRAFTLAB_VLLM_STARTUP_TIMEOUT"  # seconds a server may take to answer /health
+BAR = "{desc}: {n}/{total} s waited"
+STARTUP_TIMEOUT_S = 600  # a CPU start of SmolLM2 with a draft takes about 40 s, a GPU one with torch.compile minutes
+
+
+def default_startup_timeout() -> float:
+    """The seconds a server may take to start: $DRAFTLAB_VLLM_STARTUP_TIMEOUT, else STARTUP_TIMEOUT_S. An environment
+    variable, so that every server reads it (notebooks 01 and 05, `draftlab run`'s kernels inherit it)."""
+    raw = os.environ.get(STARTUP_TIMEOUT_ENV)
+    if raw is None or not raw.strip():
+        return STARTUP_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise DraftlabError(
+            f"{STARTUP_TIMEOUT_ENV}={raw!r}: give the seconds a vLLM server may take to start as a positive number "
+            f"(e.g. {STARTUP_TIMEOUT_ENV}=1200), or unset it for the default {STARTUP_TIMEOUT_S} s."
+        )
+    return value
 
 
 class Server:
@@ -38,7 +61,7 @@ class Server:
         device: str = "cpu",
         max_model_len: int = 2048,
         log_path=None,
-        startup_timeout: float = 600,
+        startup_timeout: float | None = None,
         seed: int = 0,
         extra_args=(),
         extra_env: dict | None = None,
@@ -46,10 +69,12 @@ class Server:
         per_request: bool = False,
     ):
         """`extra_args` go after draftlab's own flags, `extra_env` over `server_env()` (extract_vllm.py uses both);
-        `gpu` is its share of a GPU (`gpu_memory.GpuShare`), `per_request` asks for each response's acceptance."""
+        `gpu` is its share of a GPU (`gpu_memory.GpuShare`), `per_request` asks for each response's acceptance;
+        `startup_timeout` None is $DRAFTLAB_VLLM_STARTUP_TIMEOUT or its default (`default_startup_timeout()`)."""
         self.draft_cfg, spec = (None, None) if draft_dir is None else speculative_config(verifier_dir, draft_dir, k)
         self.verifier_dir, self.draft_dir, self.k, self.dtype = Path(verifier_dir), draft_dir, k, dtype
-        self.port, self.startup_timeout, self.max_model_len = free_port(), startup_timeout, max_model_len
+        self.port, self.max_model_len = free_port(), max_model_len
+        self.startup_timeout = startup_timeout or default_startup_timeout()
         self.log_path = (
             Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="draftlab-vllm-", suffix=".log")[1])
         )
@@ -71,7 +96,9 @@ class Server:
     def launch(self) -> None:
         """Start the process, not waiting for it. Call it from the thread that outlives the server: the parent-death
         signal fires when the launching *thread* ends, so a server launched from a worker thread dies with it."""
-        vllm_executable()  # no vLLM environment: say so before anything starts
+        reason = unavailable()  # no vLLM environment, or an executable that is not vLLM: said before anything starts
+        if reason:
+            raise DraftlabError(reason)
         self._t0 = time.perf_counter()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w") as log:
@@ -115,20 +142,28 @@ class Server:
         self.startup_s = (self._ready_at or time.perf_counter()) - self._t0
 
     def _wait_ready(self) -> None:
+        """Poll /health once a second, a bar showing the seconds waited against the timeout and the log to read."""
+        from draftlab.progress import progress_bar
+
         deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            code = self.proc.poll()
-            if code is not None:
-                raise DraftlabError(
-                    f"vLLM exited with code {code} before serving: {self.cause()}\n"
-                    f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
-                )
-            if self.healthy():
-                return
-            time.sleep(1.0)
+        desc = f"vLLM starting on port {self.port} (its log: {self.log_path})"
+        with progress_bar(total=round(self.startup_timeout), desc=desc, unit="s", bar_format=BAR) as bar:
+            while time.monotonic() < deadline:
+                code = self.proc.poll()
+                if code is not None:
+                    raise DraftlabError(
+                        f"vLLM exited with code {code} before serving: {self.cause()}\n"
+                        f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
+                    )
+                if self.healthy():
+                    return
+                time.sleep(1.0)
+                bar.update(round(self.startup_timeout - max(deadline - time.monotonic(), 0)) - bar.n)
         raise DraftlabError(
-            f"vLLM did not answer /health within {self.startup_timeout:.0f} s; raise startup_timeout if it is "
-            f"only slow.\nlast lines of {self.log_path}:\n{self.log_tail()}"
+            f"vLLM did not answer /health within {self.startup_timeout:g} s. If it is only slow, set "
+            f"{STARTUP_TIMEOUT_ENV} to more seconds (e.g. {STARTUP_TIMEOUT_ENV}={2 * self.startup_timeout:.0f}, in "
+            f"the environment of `draftlab run` or of Jupyter); if it hangs, its log says where.\n"
+            f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
         )
 
     def stop(self, grace_s: float = 30) -> None:
