@@ -19,7 +19,7 @@ METHODS = {"eagle3": "eagle3", "dflash": "dflash"}  # speculators_model_type -> 
 def draft_config(draft_dir: Path) -> dict:
     """The checkpoint's config, once it holds what vLLM loads: a readable config.json of a kind draftlab serves and
     complete weights (vLLM would start, then fail deep in its worker a minute later)."""
-    from draftlab.training.launch import _complete
+    from draftlab.files import safetensors_fault
 
     path = Path(draft_dir) / "config.json"
     if not path.exists():
@@ -35,7 +35,7 @@ def draft_config(draft_dir: Path) -> dict:
         kind = cfg.get("speculators_model_type") if isinstance(cfg, dict) else None
         raise DraftlabError(f"{path} is a {kind!r} checkpoint; draftlab serves {sorted(METHODS)}.")
     weights = Path(draft_dir) / "model.safetensors"
-    if not _complete(weights):
+    if safetensors_fault(weights) is not None:
         why = "is missing" if not weights.exists() else "is cut short or unreadable"
         raise DraftlabError(
             f"{weights} {why}: the draft checkpoint needs config.json and its weights. Re-run notebook 04 to write "
