@@ -11,9 +11,11 @@ a stop that names the step when the loss stops being finite. Several GPUs go thr
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
+import sys
 import time
 from contextlib import closing
 from dataclasses import asdict
@@ -28,7 +30,8 @@ from draftlab.training.data import Packs, open_split, tokens
 from draftlab.training.device import loader_workers
 from draftlab.training.forward import evaluate, forward, normalise
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
-from draftlab.training.settings import CADENCE, Settings, forward_options, optimizer_and_schedule
+from draftlab.training.lock import run_lock
+from draftlab.training.settings import CADENCE, Settings, checked, forward_options, optimizer_and_schedule
 
 
 def run_folder(layout: RunLayout, kind: str) -> Path:
@@ -56,35 +59,70 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-PREVIOUS = ".previous"  # a finished or checkpointed run set aside by a fresh one, until that one has a checkpoint
+# an earlier run set aside by a fresh one (.previous.2, ... where one is set aside already), until that one finishes
+PREVIOUS = ".previous"
 RUN_FILES = ("checkpoints", "final", "metrics.jsonl")
 
 
-def _start(run_dir: Path, draft, opt, sched, hp: dict, resume: bool) -> int:
-    """Fresh: set a run that has a checkpoint or a final/ aside in `.previous/` (nothing a user has is
-    deleted before the new run saves a good checkpoint); clear a run that has neither. Resume: restore
-    the latest checkpoint, keep metrics up to it."""
-    last = ckpt.latest(run_dir) if resume else None
-    if last is None:
-        if ckpt.latest(run_dir) or (run_dir / "final" / "config.json").exists():
-            prev = run_dir / PREVIOUS
-            shutil.rmtree(prev, ignore_errors=True)
-            prev.mkdir()
-            for p in RUN_FILES:
-                if (run_dir / p).exists():
-                    (run_dir / p).rename(prev / p)
-            print(
-                f"A fresh run in {run_dir}: the earlier run is kept "
-                f"in {prev} until this one saves its first checkpoint."
-            )
-        for p in ("checkpoints", "final"):
-            shutil.rmtree(run_dir / p, ignore_errors=True)
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        return 0
-    step = ckpt.load(last, draft, opt, sched, hp)["step"]
-    kept = [r for r in read_metrics(run_dir) if r["step"] <= step]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
-    return step
+def _start(run_dir: Path, draft, opt, sched, hp: dict, resume: bool | None) -> tuple[int, str]:
+    """(the step to start after, what became of the run folder's earlier run, "" if there was none).
+    Resume: restore the latest checkpoint, keep metrics up to it. Fresh: set a run that has a
+    checkpoint or a final/ aside (`_set_aside`: nothing a user has is deleted before the new run
+    finishes); clear a run that has neither. `resume=None` resumes an interrupted run (checkpoints,
+    no final/) trained with these settings (`hp`), and starts afresh over any other."""
+    last = ckpt.latest(run_dir)
+    finished = (run_dir / "final" / "config.json").exists()
+    saved = ckpt.saved_hparams(last) if last else {}
+    if resume is None:
+        resume = last is not None and not finished and not ckpt.differences(saved, hp)
+    if resume and last is not None:
+        step = ckpt.load(last, draft, opt, sched, hp)["step"]
+        kept = [r for r in read_metrics(run_dir) if r["step"] <= step]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+        return step, (
+            f"Resuming the run in {run_dir} from {last.name} (its settings are these); delete "
+            f"{run_dir / 'checkpoints'} to start afresh instead."
+        )
+    note = (
+        _set_aside(run_dir, "finished" if finished else f"interrupted at {last.name}", saved, hp)
+        if last is not None or finished
+        else ""
+    )
+    for p in ("checkpoints", "final"):
+        shutil.rmtree(run_dir / p, ignore_errors=True)
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    return 0, note
+
+
+def _set_aside(run_dir: Path, state: str, saved: dict, hp: dict) -> str:
+    """Move the run in `run_dir` into a free `.previous*` folder (one set aside earlier stays where it
+    is); says so, with the settings that differ: it is deleted when the new run finishes."""
+    names = itertools.chain([PREVIOUS], (f"{PREVIOUS}.{i}" for i in itertools.count(2)))
+    prev = next(run_dir / n for n in names if not (run_dir / n).exists())
+    prev.mkdir()
+    for p in RUN_FILES:
+        if (run_dir / p).exists():
+            (run_dir / p).rename(prev / p)
+    changed = ckpt.differences(saved, hp) if saved else []
+    why = (
+        "; trained with " + ", ".join(f"{k}={saved.get(k)!r} (now {hp.get(k)!r})" for k in changed[:4])
+        if changed
+        else ""
+    )
+    return (
+        f"A fresh run in {run_dir}: the earlier run ({state}{why}) is kept in {prev} until this one finishes, "
+        f"then deleted; to keep it, move {prev} elsewhere now or stop and use another run name."
+    )
+
+
+def _finished(run_dir: Path) -> None:
+    """The new run has its final/: the runs it set aside go."""
+    for prev in _previous(run_dir):
+        shutil.rmtree(prev)
+
+
+def _previous(run_dir: Path) -> list[Path]:
+    return sorted(p for p in Path(run_dir).glob(f"{PREVIOUS}*") if p.is_dir())
 
 
 def train(
@@ -93,27 +131,29 @@ def train(
     settings: Settings | None = None,
     run_dir: Path | None = None,
     *,
-    resume: bool = False,
+    resume: bool | None = None,
     stop_after: int | None = None,
     progress: bool = True,
 ) -> Path:
     """Train `draft` on `data/train`, evaluating on `data/eval`; returns the run folder.
 
     `data` is a run's `RunLayout` (the run folder is its `draft(kind)`), or a stage-01 dataset folder
-    with `run_dir` given. `resume=True` continues from the
-    newest checkpoint in the run folder (refused if a hyper-parameter changed); `stop_after=N` ends
+    with `run_dir` given. `resume=True` continues from the newest checkpoint in the run folder
+    (refused if a hyper-parameter changed), `resume=False` starts afresh, and the default continues an
+    interrupted run with the same hyper-parameters (re-running notebook 04) and starts afresh over any
+    other; an earlier run is set aside, not deleted, until the fresh one finishes. `stop_after=N` ends
     after global step N with a checkpoint, as an interruption would, without writing `final/`.
+    The run folder is locked for the run (`lock.run_lock`): a second training into it is refused.
     """
+    s = checked(settings, "train()")
+    data, run_dir = dataset_and_folder(data, run_dir, lambda lay: lay.draft(draft.kind), "train()")
+    with run_lock(run_dir):
+        return _train(draft, data, s, run_dir, resume, stop_after, progress)
+
+
+def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, stop_after, progress: bool) -> Path:
     from draftlab.progress import progress_bar
 
-    if settings is not None and not isinstance(settings, Settings):
-        raise DraftlabError(
-            f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}: pass Settings(**{settings!r})"
-            if isinstance(settings, dict)
-            else f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}."
-        )
-    s = settings or Settings()
-    data, run_dir = dataset_and_folder(data, run_dir, lambda lay: lay.draft(draft.kind), "train()")
     options = forward_options(draft.kind, s)
     train_packs = Packs(draft, open_split(draft, data / "train", s.pack_len), s.pack_len, s.seed)
     eval_packs = Packs(draft, open_split(draft, data / "eval", s.pack_len), s.pack_len, 0)
@@ -122,7 +162,11 @@ def train(
     rows = data / "train" / "rows.fingerprint"
     hp["train_rows"] = rows.read_text() if rows.exists() else None
     opt, sched = optimizer_and_schedule(draft, s)
-    step = _start(run_dir, draft, opt, sched, hp, resume)
+    step, note = _start(run_dir, draft, opt, sched, hp, resume)
+    draft.choices.pop("run folder", None)
+    if note:  # on stderr, and among the draft's choices: a run in its own process reports them (jobs._collect)
+        print(note, file=sys.stderr)
+        draft.choices["run folder"] = (f"resumed after step {step}" if step else "fresh, earlier run set aside", note)
     if step == 0:
         torch.manual_seed(s.seed)
     end = min(s.train_steps, stop_after or s.train_steps)
@@ -178,18 +222,21 @@ def train(
                 )
             if step % s.checkpoint_every == 0 or step == end:
                 ckpt.save(run_dir, draft, step, opt, sched, train_packs.position(step), hp, s.keep_checkpoints)
-                shutil.rmtree(run_dir / PREVIOUS, ignore_errors=True)  # the new run has a good checkpoint now
             t0 = time.perf_counter()  # a step's time includes waiting for its pack, not the evaluation before it
     bar.close()
     if step >= s.train_steps:
         ckpt.write_final(run_dir, draft)
+        _finished(run_dir)
     return run_dir
 
 
 def _kept(run_dir: Path) -> str:
-    prev = Path(run_dir) / PREVIOUS
+    prev = _previous(run_dir)
     return (
-        f"; the earlier run is kept in {prev} (move its {', '.join(RUN_FILES)} back to use it)" if prev.exists() else ""
+        f"; the earlier run is kept in {', '.join(map(str, prev))} (to use it, put its {', '.join(RUN_FILES)} "
+        "in place of this run's)"
+        if prev
+        else ""
     )
 
 
