@@ -4,17 +4,16 @@ A thin loop around speculators' pieces (its dataset, packing sampler and collate
 the model's own losses and metrics through `training.forward`, `build_optimizers` for AdamW and
 transformers' cosine schedule with warm-up as `speculators train` uses, in `training.settings`):
 what it adds is what a notebook needs, a
-JSONL of metrics per step, held-out evaluation, checkpoints vLLM can load, an exact resume, and
+JSONL of metrics per step, held-out evaluation, checkpoints vLLM can load, an exact resume (or an
+earlier run set aside, `training.start`), one training per run folder (`training.lock`), and
 a stop that names the step when the loss stops being finite. Several GPUs go through
 `speculators train` itself: `torchrun_command` writes that command line, it trains nothing.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import shutil
 import sys
 import time
 from contextlib import closing
@@ -32,6 +31,7 @@ from draftlab.training.forward import evaluate, forward, normalise
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
 from draftlab.training.lock import run_lock
 from draftlab.training.settings import CADENCE, Settings, checked, forward_options, optimizer_and_schedule
+from draftlab.training.start import kept, on_finish, read_metrics, start  # noqa: F401  (read_metrics: for notebooks)
 
 
 def run_folder(layout: RunLayout, kind: str) -> Path:
@@ -52,77 +52,6 @@ def final_checkpoint(layout: RunLayout, kind: str) -> Path:
 def _log(path: Path, record: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-# an earlier run set aside by a fresh one (.previous.2, ... where one is set aside already), until that one finishes
-PREVIOUS = ".previous"
-RUN_FILES = ("checkpoints", "final", "metrics.jsonl")
-
-
-def _start(run_dir: Path, draft, opt, sched, hp: dict, resume: bool | None) -> tuple[int, str]:
-    """(the step to start after, what became of the run folder's earlier run, "" if there was none).
-    Resume: restore the latest checkpoint, keep metrics up to it. Fresh: set a run that has a
-    checkpoint or a final/ aside (`_set_aside`: nothing a user has is deleted before the new run
-    finishes); clear a run that has neither. `resume=None` resumes an interrupted run (checkpoints,
-    no final/) trained with these settings (`hp`), and starts afresh over any other."""
-    last = ckpt.latest(run_dir)
-    finished = (run_dir / "final" / "config.json").exists()
-    saved = ckpt.saved_hparams(last) if last else {}
-    if resume is None:
-        resume = last is not None and not finished and not ckpt.differences(saved, hp)
-    if resume and last is not None:
-        step = ckpt.load(last, draft, opt, sched, hp)["step"]
-        kept = [r for r in read_metrics(run_dir) if r["step"] <= step]
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
-        return step, (
-            f"Resuming the run in {run_dir} from {last.name} (its settings are these); delete "
-            f"{run_dir / 'checkpoints'} to start afresh instead."
-        )
-    note = (
-        _set_aside(run_dir, "finished" if finished else f"interrupted at {last.name}", saved, hp)
-        if last is not None or finished
-        else ""
-    )
-    for p in ("checkpoints", "final"):
-        shutil.rmtree(run_dir / p, ignore_errors=True)
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    return 0, note
-
-
-def _set_aside(run_dir: Path, state: str, saved: dict, hp: dict) -> str:
-    """Move the run in `run_dir` into a free `.previous*` folder (one set aside earlier stays where it
-    is); says so, with the settings that differ: it is deleted when the new run finishes."""
-    names = itertools.chain([PREVIOUS], (f"{PREVIOUS}.{i}" for i in itertools.count(2)))
-    prev = next(run_dir / n for n in names if not (run_dir / n).exists())
-    prev.mkdir()
-    for p in RUN_FILES:
-        if (run_dir / p).exists():
-            (run_dir / p).rename(prev / p)
-    changed = ckpt.differences(saved, hp) if saved else []
-    why = (
-        "; trained with " + ", ".join(f"{k}={saved.get(k)!r} (now {hp.get(k)!r})" for k in changed[:4])
-        if changed
-        else ""
-    )
-    return (
-        f"A fresh run in {run_dir}: the earlier run ({state}{why}) is kept in {prev} until this one finishes, "
-        f"then deleted; to keep it, move {prev} elsewhere now or stop and use another run name."
-    )
-
-
-def _finished(run_dir: Path) -> None:
-    """The new run has its final/: the runs it set aside go."""
-    for prev in _previous(run_dir):
-        shutil.rmtree(prev)
-
-
-def _previous(run_dir: Path) -> list[Path]:
-    return sorted(p for p in Path(run_dir).glob(f"{PREVIOUS}*") if p.is_dir())
 
 
 def train(
@@ -162,7 +91,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
     rows = data / "train" / "rows.fingerprint"
     hp["train_rows"] = rows.read_text() if rows.exists() else None
     opt, sched = optimizer_and_schedule(draft, s)
-    step, note = _start(run_dir, draft, opt, sched, hp, resume)
+    step, note = start(run_dir, draft, opt, sched, hp, resume)
     draft.choices.pop("run folder", None)
     if note:  # on stderr, and among the draft's choices: a run in its own process reports them (jobs._collect)
         print(note, file=sys.stderr)
@@ -187,7 +116,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
                 raise DraftlabError(
                     f"loss is {loss.item()} at step {step + 1}: training stopped. "
                     f"Last good checkpoint: {ckpt.latest(run_dir)}"
-                    f"{_kept(run_dir)}. Lower learning_rate (now {s.learning_rate}) or check the data of this pack."
+                    f"{kept(run_dir)}. Lower learning_rate (now {s.learning_rate}) or check the data of this pack."
                 )
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -195,7 +124,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
             if not torch.isfinite(norm):
                 raise DraftlabError(
                     f"gradient norm is {norm.item()} at step {step + 1}: training stopped. Last good checkpoint: "
-                    f"{ckpt.latest(run_dir)}{_kept(run_dir)}."
+                    f"{ckpt.latest(run_dir)}{kept(run_dir)}."
                 )
             opt.step()
             sched.step()
@@ -226,18 +155,8 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
     bar.close()
     if step >= s.train_steps:
         ckpt.write_final(run_dir, draft)
-        _finished(run_dir)
+        on_finish(run_dir)  # the runs it set aside go now, not before
     return run_dir
-
-
-def _kept(run_dir: Path) -> str:
-    prev = _previous(run_dir)
-    return (
-        f"; the earlier run is kept in {', '.join(map(str, prev))} (to use it, put its {', '.join(RUN_FILES)} "
-        "in place of this run's)"
-        if prev
-        else ""
-    )
 
 
 def first_accuracy(kind: str, record: dict) -> float:
