@@ -83,7 +83,7 @@ def run_draftlab(args) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    run = train.train(d, data, s, run_dir=Path(args.run_dir), progress=False)
+    run = train.train(d, data, s, run_dir=Path(args.run_dir), resume=False, progress=False)  # timed from step 1
     wall = time.perf_counter() - t0
     records = train.read_metrics(run)
     evals = [r for r in records if r["split"] == "eval"]

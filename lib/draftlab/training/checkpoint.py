@@ -105,13 +105,22 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def saved_hparams(path: Path) -> dict:
+    """The hyper-parameters a checkpoint was trained with (`hparams`, as `save` stored them)."""
+    return torch.load(Path(path) / STATE, weights_only=False)["hparams"]
+
+
+def differences(saved: dict, now: dict) -> list[str]:
+    """The hyper-parameters that differ between a checkpoint's and a run's, by name."""
+    return [key for key in sorted(set(saved) | set(now)) if saved.get(key) != now.get(key)]
+
+
 def check_same(saved: dict, now: dict, where: Path) -> None:
-    for key in sorted(set(saved) | set(now)):
-        if saved.get(key) != now.get(key):
-            raise DraftlabError(
-                f"cannot resume {where}: it was trained with {key}={saved.get(key)!r}, now {key}={now.get(key)!r}. "
-                f"Resume with the same {key}, or start a fresh run (resume=False, or another dataset_name)."
-            )
+    for key in differences(saved, now)[:1]:
+        raise DraftlabError(
+            f"cannot resume {where}: it was trained with {key}={saved.get(key)!r}, now {key}={now.get(key)!r}. "
+            f"Resume with the same {key}, or start a fresh run (resume=False, or another dataset_name)."
+        )
 
 
 def load(path: Path, draft, optimizer, scheduler, hp: dict) -> dict:

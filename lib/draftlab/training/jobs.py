@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import traceback
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from draftlab import DraftlabError
 from draftlab.layout import RunLayout
 from draftlab.training import train as tr
 from draftlab.training.checkpoint import check_reload
+from draftlab.training.lock import run_lock
 
 
 def side_by_side(device: str, runs: int, cpus: int | None = None, requested: bool | None = None) -> tuple[bool, str]:
@@ -79,6 +81,13 @@ def train_drafts(
     device = str(next(iter(drafts.values())).device)
     on, why = side_by_side(device, len(drafts), requested=side)
     training = (f"{len(drafts)} processes side by side" if on else "in this process", why)
+    with ExitStack() as held:  # every run folder, before a job folder in it is rewritten (side by side)
+        for kind in drafts:
+            held.enter_context(run_lock(layout.draft(kind)))
+        return _train_all(drafts, layout, settings, progress, on, training)
+
+
+def _train_all(drafts: dict, layout: RunLayout, settings: tr.Settings, progress: bool, on: bool, training: tuple):
     if on:
         return _in_processes(drafts, layout, settings, progress, training)
     runs, seconds, reloads = {}, {}, {}
@@ -183,6 +192,8 @@ def _collect(drafts: dict, jobs: dict, training: tuple) -> Trained:
         d = trained[kind] = reload(run / "final", drafts[kind])  # checked equal to the trained draft there
         (job / "job.pt").unlink()  # a failed job keeps it, to re-run
         d.choices.update({what: tuple(cw) for what, cw in result["choices"].items() if what != "training"})
+        if "run folder" in d.choices:  # said on the job's stderr, its log: said here too
+            print(d.choices["run folder"][1], file=sys.stderr)
         d.choices["training"] = training
         runs[kind], seconds[kind], reloads[kind] = run, result["seconds"], result["reload"]
     if failed:

@@ -17,6 +17,7 @@ from draftlab.layout import dataset_and_folder
 from draftlab.training.attention import FLEX
 from draftlab.training.data import pack_length
 from draftlab.training.flags import NUM_WORKERS, epoch_steps, speculators_flags
+from draftlab.training.settings import check_count, checked
 
 
 def epochs_in(save_path: Path) -> list[int]:
@@ -42,12 +43,18 @@ def torchrun_command(
     `torchrun` on PATH is not this Python's, `python -m torch.distributed.run` (the same launcher)."""
     from draftlab.training.data import open_split
 
-    if nproc < 1:
-        raise DraftlabError(f"nproc={nproc}: need at least one GPU process.")
+    settings = checked(settings, "torchrun_command")
+    check_count("nproc", nproc, 1, "GPU processes, one per GPU: torchrun's --nproc-per-node")
     data, save_path = dataset_and_folder(
         data, save_path, lambda lay: lay.speculators_save(draft.kind), "torchrun_command"
     )
     save_path = save_path.resolve()
+    if save_path.exists() and not save_path.is_dir():
+        raise DraftlabError(
+            f"save_path {save_path} is a file: speculators train saves its epochs in folders under it, so the "
+            "command could only fail. Pass a folder (save_path=..., or leave it out for the run's own), or "
+            "move that file away."
+        )
     if (found := epochs_in(save_path)) and not resume:
         raise DraftlabError(
             f"{save_path} already holds speculators epochs {found}: the command would resume that "

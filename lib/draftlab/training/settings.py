@@ -9,6 +9,7 @@ not what is trained, so they may differ on resume; every other field is part of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 from types import SimpleNamespace
 
 from draftlab import DraftlabError
@@ -45,14 +46,33 @@ class Settings:
             ("warmup_steps", 0),
             ("keep_checkpoints", 1),
         ):
-            if getattr(self, name) < least:
-                raise DraftlabError(
-                    f"{name}={getattr(self, name)}: must be at least {least} (the profile key "
-                    f"{name}); an evaluation and a checkpoint "
-                    "are always made at the last step, so a large interval means 'only at the end'."
-                )
+            check_count(
+                name,
+                getattr(self, name),
+                least,
+                f"the profile key {name}; an evaluation and a checkpoint are always made at the last step, "
+                "so a large interval means 'only at the end'",
+            )
         if not self.learning_rate > 0:
             raise DraftlabError(f"learning_rate={self.learning_rate}: must be above 0.")
+
+
+def check_count(name: str, value, least: int, why: str) -> None:
+    """A count (steps, processes): a whole number of at least `least`, named with `why` rather than met as
+    a TypeError from range() or a fractional step count deep in a library."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+        raise DraftlabError(f"{name}={value!r}: must be at least {least}, a whole number ({why}).")
+
+
+def checked(settings, what: str) -> Settings:
+    """`settings` as a caller passed it to `what`: a Settings, or None for the defaults; a dict is refused
+    naming the fix (its keys are Settings' fields)."""
+    if settings is None:
+        return Settings()
+    if not isinstance(settings, Settings):
+        fix = f": pass Settings(**{settings!r})" if isinstance(settings, dict) else "."
+        raise DraftlabError(f"{what} takes a draftlab.train.Settings, not a {type(settings).__name__}{fix}")
+    return settings
 
 
 def forward_options(kind: str, s: Settings) -> dict:

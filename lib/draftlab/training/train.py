@@ -4,7 +4,8 @@ A thin loop around speculators' pieces (its dataset, packing sampler and collate
 the model's own losses and metrics through `training.forward`, `build_optimizers` for AdamW and
 transformers' cosine schedule with warm-up as `speculators train` uses, in `training.settings`):
 what it adds is what a notebook needs, a
-JSONL of metrics per step, held-out evaluation, checkpoints vLLM can load, an exact resume, and
+JSONL of metrics per step, held-out evaluation, checkpoints vLLM can load, an exact resume (or an
+earlier run set aside, `training.start`), one training per run folder (`training.lock`), and
 a stop that names the step when the loss stops being finite. Several GPUs go through
 `speculators train` itself: `torchrun_command` writes that command line, it trains nothing.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import sys
 import time
 from contextlib import closing
 from dataclasses import asdict
@@ -22,14 +23,15 @@ from pathlib import Path
 import torch
 
 from draftlab import DraftlabError
-from draftlab.files import read_jsonl
 from draftlab.layout import RunLayout, dataset_and_folder
 from draftlab.training import checkpoint as ckpt
 from draftlab.training.data import Packs, open_split, tokens
 from draftlab.training.device import loader_workers
 from draftlab.training.forward import evaluate, forward, normalise
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
-from draftlab.training.settings import CADENCE, Settings, forward_options, optimizer_and_schedule
+from draftlab.training.lock import run_lock
+from draftlab.training.settings import CADENCE, Settings, checked, forward_options, optimizer_and_schedule
+from draftlab.training.start import kept, on_finish, read_metrics, start  # noqa: F401  (read_metrics: for notebooks)
 
 
 def run_folder(layout: RunLayout, kind: str) -> Path:
@@ -52,70 +54,35 @@ def _log(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of a run; a line an interruption cut is left out (training appends as it goes)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    return read_jsonl(path, "Delete that line, or the file.", skip_unreadable=True) if path.exists() else []
-
-
-PREVIOUS = ".previous"  # a finished or checkpointed run set aside by a fresh one, until that one has a checkpoint
-RUN_FILES = ("checkpoints", "final", "metrics.jsonl")
-
-
-def _start(run_dir: Path, draft, opt, sched, hp: dict, resume: bool) -> int:
-    """Fresh: set a run that has a checkpoint or a final/ aside in `.previous/` (nothing a user has is
-    deleted before the new run saves a good checkpoint); clear a run that has neither. Resume: restore
-    the latest checkpoint, keep metrics up to it."""
-    last = ckpt.latest(run_dir) if resume else None
-    if last is None:
-        if ckpt.latest(run_dir) or (run_dir / "final" / "config.json").exists():
-            prev = run_dir / PREVIOUS
-            shutil.rmtree(prev, ignore_errors=True)
-            prev.mkdir()
-            for p in RUN_FILES:
-                if (run_dir / p).exists():
-                    (run_dir / p).rename(prev / p)
-            print(
-                f"A fresh run in {run_dir}: the earlier run is kept "
-                f"in {prev} until this one saves its first checkpoint."
-            )
-        for p in ("checkpoints", "final"):
-            shutil.rmtree(run_dir / p, ignore_errors=True)
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        return 0
-    step = ckpt.load(last, draft, opt, sched, hp)["step"]
-    kept = [r for r in read_metrics(run_dir) if r["step"] <= step]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
-    return step
-
-
 def train(
     draft,
     data: RunLayout | Path,
     settings: Settings | None = None,
     run_dir: Path | None = None,
     *,
-    resume: bool = False,
+    resume: bool | None = None,
     stop_after: int | None = None,
     progress: bool = True,
 ) -> Path:
     """Train `draft` on `data/train`, evaluating on `data/eval`; returns the run folder.
 
     `data` is a run's `RunLayout` (the run folder is its `draft(kind)`), or a stage-01 dataset folder
-    with `run_dir` given. `resume=True` continues from the
-    newest checkpoint in the run folder (refused if a hyper-parameter changed); `stop_after=N` ends
+    with `run_dir` given. `resume=True` continues from the newest checkpoint in the run folder
+    (refused if a hyper-parameter changed), `resume=False` starts afresh, and the default continues an
+    interrupted run with the same hyper-parameters (re-running notebook 04) and starts afresh over any
+    other; an earlier run is set aside, not deleted, until the fresh one finishes. `stop_after=N` ends
     after global step N with a checkpoint, as an interruption would, without writing `final/`.
+    The run folder is locked for the run (`lock.run_lock`): a second training into it is refused.
     """
+    s = checked(settings, "train()")
+    data, run_dir = dataset_and_folder(data, run_dir, lambda lay: lay.draft(draft.kind), "train()")
+    with run_lock(run_dir):
+        return _train(draft, data, s, run_dir, resume, stop_after, progress)
+
+
+def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, stop_after, progress: bool) -> Path:
     from draftlab.progress import progress_bar
 
-    if settings is not None and not isinstance(settings, Settings):
-        raise DraftlabError(
-            f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}: pass Settings(**{settings!r})"
-            if isinstance(settings, dict)
-            else f"train() takes a draftlab.train.Settings, not a {type(settings).__name__}."
-        )
-    s = settings or Settings()
-    data, run_dir = dataset_and_folder(data, run_dir, lambda lay: lay.draft(draft.kind), "train()")
     options = forward_options(draft.kind, s)
     train_packs = Packs(draft, open_split(draft, data / "train", s.pack_len), s.pack_len, s.seed)
     eval_packs = Packs(draft, open_split(draft, data / "eval", s.pack_len), s.pack_len, 0)
@@ -124,7 +91,11 @@ def train(
     rows = data / "train" / "rows.fingerprint"
     hp["train_rows"] = rows.read_text() if rows.exists() else None
     opt, sched = optimizer_and_schedule(draft, s)
-    step = _start(run_dir, draft, opt, sched, hp, resume)
+    step, note = start(run_dir, draft, opt, sched, hp, resume)
+    draft.choices.pop("run folder", None)
+    if note:  # on stderr, and among the draft's choices: a run in its own process reports them (jobs._collect)
+        print(note, file=sys.stderr)
+        draft.choices["run folder"] = (f"resumed after step {step}" if step else "fresh, earlier run set aside", note)
     if step == 0:
         torch.manual_seed(s.seed)
     end = min(s.train_steps, stop_after or s.train_steps)
@@ -145,7 +116,7 @@ def train(
                 raise DraftlabError(
                     f"loss is {loss.item()} at step {step + 1}: training stopped. "
                     f"Last good checkpoint: {ckpt.latest(run_dir)}"
-                    f"{_kept(run_dir)}. Lower learning_rate (now {s.learning_rate}) or check the data of this pack."
+                    f"{kept(run_dir)}. Lower learning_rate (now {s.learning_rate}) or check the data of this pack."
                 )
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -153,7 +124,7 @@ def train(
             if not torch.isfinite(norm):
                 raise DraftlabError(
                     f"gradient norm is {norm.item()} at step {step + 1}: training stopped. Last good checkpoint: "
-                    f"{ckpt.latest(run_dir)}{_kept(run_dir)}."
+                    f"{ckpt.latest(run_dir)}{kept(run_dir)}."
                 )
             opt.step()
             sched.step()
@@ -180,19 +151,12 @@ def train(
                 )
             if step % s.checkpoint_every == 0 or step == end:
                 ckpt.save(run_dir, draft, step, opt, sched, train_packs.position(step), hp, s.keep_checkpoints)
-                shutil.rmtree(run_dir / PREVIOUS, ignore_errors=True)  # the new run has a good checkpoint now
             t0 = time.perf_counter()  # a step's time includes waiting for its pack, not the evaluation before it
     bar.close()
     if step >= s.train_steps:
         ckpt.write_final(run_dir, draft)
+        on_finish(run_dir)  # the runs it set aside go now, not before
     return run_dir
-
-
-def _kept(run_dir: Path) -> str:
-    prev = Path(run_dir) / PREVIOUS
-    return (
-        f"; the earlier run is kept in {prev} (move its {', '.join(RUN_FILES)} back to use it)" if prev.exists() else ""
-    )
 
 
 def first_accuracy(kind: str, record: dict) -> float:
