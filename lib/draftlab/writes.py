@@ -111,3 +111,17 @@ def writable_folder(folder: Path, what: str, elsewhere: str) -> None:
             fh.write(b"draftlab")
             fh.flush()
             os.fsync(fh.fileno())
+
+
+def publish(final: Path, fill, operation: str, kept: str) -> Path:
+    """`fill(tmp)` writes the folder under a temporary name, renamed to `final` once complete. A write the
+    machine refuses (disk full, file-size limit, read-only folder) removes the temporary folder, giving its
+    space back, and is named with its fix (`writing`); `final` as it was is untouched."""
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with writing(final, operation, kept, remove=tmp):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fill(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final

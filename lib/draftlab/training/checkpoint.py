@@ -21,7 +21,7 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.training.device import inference
-from draftlab.writes import writing
+from draftlab.writes import publish
 
 if TYPE_CHECKING:
     from draftlab.drafts.draft import Draft
@@ -87,7 +87,7 @@ def save(
 
     last = latest(run_dir)
     kept = f"the last complete checkpoint, {last}, is kept" if last else "no earlier checkpoint was touched"
-    final = _publish(Path(run_dir) / "checkpoints" / f"step-{step}", fill, f"the checkpoint of step {step}", kept)
+    final = publish(Path(run_dir) / "checkpoints" / f"step-{step}", fill, f"the checkpoint of step {step}", kept)
     for old in checkpoints(run_dir)[:-keep] if keep else []:
         shutil.rmtree(old)
     return final
@@ -146,21 +146,7 @@ def load(path: Path, draft, optimizer, scheduler, hp: dict) -> dict:
 def write_final(run_dir: Path, draft) -> Path:
     """`final/`: a plain speculators folder (config.json + model.safetensors) for vLLM and notebook 05."""
     kept = f"the checkpoints in {Path(run_dir) / 'checkpoints'} are kept (resume=True continues from the last)"
-    return _publish(Path(run_dir) / "final", draft.model.save_pretrained, "the trained draft, final/", kept)
-
-
-def _publish(final: Path, fill, operation: str, kept: str) -> Path:
-    """`fill(tmp)` writes the folder under a temporary name, renamed to `final` once complete. A write the
-    machine refuses (disk full, file-size limit, read-only folder) removes the temporary folder, giving its
-    space back, and is named with its fix (`writes.writing`); `final` as it was is untouched."""
-    tmp = final.with_name(f".{final.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with writing(final, operation, kept, remove=tmp):
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fill(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return final
+    return publish(Path(run_dir) / "final", draft.model.save_pretrained, "the trained draft, final/", kept)
 
 
 def load_model(path: Path, cls, attention: str, device, dtype) -> torch.nn.Module:
