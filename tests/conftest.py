@@ -148,3 +148,24 @@ def random_rows(vocab: int, lengths, seed: int = 0) -> dict:
         rows["input_ids"].append(torch.randint(4, vocab, (n,), generator=g).tolist())
         rows["loss_mask"].append([0] * (n // 3) + [1] * (n - n // 3))
     return rows
+
+
+def notebook(*sources: str) -> dict:
+    """A papermill notebook: the parameters cell of every draftlab notebook, then one code cell per source."""
+    cells = ['profile = "ci"\nrun_name = "ci"\noverrides = {}', *sources]
+    return {
+        "cells": [
+            {
+                "id": f"c{i + 1}",
+                "cell_type": "code",
+                "metadata": {"tags": ["parameters"]} if i == 0 else {},
+                "source": src,
+                "outputs": [],
+                "execution_count": None,
+            }
+            for i, src in enumerate(cells)
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }

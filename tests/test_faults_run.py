@@ -12,32 +12,12 @@ import pytest
 
 from draftlab import DraftlabError
 
+from conftest import notebook
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # A notebook that leaves a mark when it runs: a refused run must leave none.
-MARKING = {
-    "cells": [
-        {
-            "id": "c1",
-            "cell_type": "code",
-            "metadata": {"tags": ["parameters"]},
-            "source": 'profile = "ci"\nrun_name = "ci"\noverrides = {}',
-            "outputs": [],
-            "execution_count": None,
-        },
-        {
-            "id": "c2",
-            "cell_type": "code",
-            "metadata": {},
-            "source": "open('ran', 'w').write('yes')",
-            "outputs": [],
-            "execution_count": None,
-        },
-    ],
-    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-    "nbformat": 4,
-    "nbformat_minor": 5,
-}
+MARKING = notebook("open('ran', 'w').write('yes')")
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import notebook
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -241,37 +243,7 @@ def test_every_drafts_path_comes_from_the_run_layout():
     assert not found, "name these through draftlab.layout.RunLayout:\n" + "\n".join(found)
 
 
-FAILING = {
-    "cells": [
-        {
-            "id": "c1",
-            "cell_type": "code",
-            "metadata": {"tags": ["parameters"]},
-            "source": 'profile = "ci"\nrun_name = "ci"\noverrides = {}',
-            "outputs": [],
-            "execution_count": None,
-        },
-        {
-            "id": "c2",
-            "cell_type": "code",
-            "metadata": {},
-            "source": 'y = overrides["seed"] + 1',
-            "outputs": [],
-            "execution_count": None,
-        },
-        {
-            "id": "c3",
-            "cell_type": "code",
-            "metadata": {},
-            "source": "raise ValueError(f'boom {y}')",
-            "outputs": [],
-            "execution_count": None,
-        },
-    ],
-    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-    "nbformat": 4,
-    "nbformat_minor": 5,
-}
+FAILING = notebook('y = overrides["seed"] + 1', "raise ValueError(f'boom {y}')")
 
 
 def test_run_stops_at_the_first_failure_naming_notebook_and_cell(tmp_path, monkeypatch):
