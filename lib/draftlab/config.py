@@ -120,6 +120,7 @@ class Train(_DraftShape, Base):
     eval_every: int  # held-out evaluation every N steps (and at the end)
     checkpoint_every: int  # checkpoint every N steps (and at the end)
     grad_clip: float  # gradient-norm clipping
+    hidden_states: str  # "offline": stage 01's files; "online": made by vLLM as packs are read (training.online)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,11 +27,26 @@ from draftlab.training.attention import FLEX
 FLEX_BLOCK = inspect.signature(create_block_mask).parameters["BLOCK_SIZE"].default
 
 
-def rows(folder: Path, max_len: int, dtype: torch.dtype):
-    """speculators' ArrowDataset over a stage-01 split: rows cut at `max_len` tokens, hidden states in `dtype`."""
+def rows(folder: Path, max_len: int, dtype: torch.dtype, online=None):
+    """speculators' ArrowDataset over a stage-01 split: rows cut at `max_len` tokens, hidden states in `dtype`;
+    with `online` (`training.online.Online`) each row's states come from vLLM as it is read, none from disk."""
     from speculators.train.data import ArrowDataset
 
-    return ArrowDataset(max_len=max_len, datapath=str(folder), on_missing="raise", hidden_states_dtype=dtype)
+    if online is None:
+        return ArrowDataset(max_len=max_len, datapath=str(folder), on_missing="raise", hidden_states_dtype=dtype)
+    from speculators.train.data import FileTransfer  # its default transfer (hs_connectors'), on another folder
+
+    from draftlab.serving.command import SERVED_NAME
+
+    return ArrowDataset(
+        max_len=max_len,
+        datapath=str(folder),
+        transfer=FileTransfer(online.no_cache),
+        vllm_endpoint=online.endpoint,
+        on_missing="generate",
+        hidden_states_dtype=dtype,
+        model=SERVED_NAME,
+    )
 
 
 def collate(items: list, length: int, hidden_size: int, n_layers: int, dtype: torch.dtype, shift: bool = False) -> dict:
@@ -45,8 +60,9 @@ def collate(items: list, length: int, hidden_size: int, n_layers: int, dtype: to
     return CollateFn(length, hidden_size, n_layers, dtype, preprocess=preprocess)(items)
 
 
-def open_split(draft, folder: Path, pack_len: int):
-    """speculators' ArrowDataset for one stage-01 split, after checking it belongs to this draft."""
+def open_split(draft, folder: Path, pack_len: int, online=None):
+    """speculators' ArrowDataset for one stage-01 split, after checking it belongs to this draft; `online`: the
+    states come from that server (`rows`), and stage 01's files, if any, are not read."""
     folder = Path(folder)
     man = manifest.read(folder)
     if man is None:
@@ -76,12 +92,13 @@ def open_split(draft, folder: Path, pack_len: int):
         raise DraftlabError(
             f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code)."
         )
-    ds = rows(folder, pack_len, draft.dtype)
+    ds = rows(folder, pack_len, draft.dtype, online)
     if len(ds) == 0:
         raise DraftlabError(
             f"{folder} holds no rows; nothing to train on. Re-run stage 01 with more prompts (n_chat / n_code)."
         )
-    manifest.verify_files(folder)  # before speculators reads a cut or altered file deep in its loader
+    if online is None:
+        manifest.verify_files(folder)  # before speculators reads a cut or altered file deep in its loader
     shortest = min(ds.approx_lengths)
     if shortest > pack_len:
         raise DraftlabError(

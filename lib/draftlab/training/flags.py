@@ -113,8 +113,11 @@ def speculators_flags(
     train_data_ratio: float = 0.9,
     num_workers: int = NUM_WORKERS,
     prefetch_factor: int = 4,
+    vllm_endpoint: str | None = None,
 ) -> list[str]:
-    """`speculators train` flags (checked against its own parser in the tests)."""
+    """`speculators train` flags (checked against its own parser in the tests). `settings.hidden_states="online"`
+    asks `vllm_endpoint` (an extraction server's `/v1`) for every row's states: `--on-missing generate`, and a
+    `--hidden-states-path` beside the save path that holds no files, so stage 01's files are not read."""
     s, cfg = settings, draft.train_config.flatten()
     train = Path(data).resolve() / "train"
     n = cfg["draft_vocab_size"]
@@ -147,6 +150,16 @@ def speculators_flags(
         "seed": s.seed,
         "save-path": Path(save_path).resolve(),
     }
+    if getattr(s, "hidden_states", "offline") == "online":
+        if not vllm_endpoint:
+            raise DraftlabError(
+                "hidden_states='online': pass vllm_endpoint, the /v1 address of a running vLLM extraction server "
+                "(draftlab.data.extract_vllm.extraction_server, or speculators' scripts/launch_vllm.py) that every "
+                "rank can reach; or train offline."
+            )
+        no_cache = Path(save_path).resolve().parent / f"{Path(save_path).name}-no-cache"
+        no_cache.mkdir(parents=True, exist_ok=True)
+        flags.update({"on-missing": "generate", "vllm-endpoint": vllm_endpoint, "hidden-states-path": no_cache})
     if (train / f"d2t-{n}.npy").exists():
         flags.update({"d2t-path": train / f"d2t-{n}.npy", "t2d-path": train / f"t2d-{n}.npy"})
     if draft.kind == "eagle3":

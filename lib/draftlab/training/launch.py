@@ -34,8 +34,10 @@ def torchrun_command(
     resume: bool = False,
     train_data_ratio: float = 0.9,
     num_workers: int = NUM_WORKERS,
+    vllm_endpoint: str | None = None,
 ) -> list[str]:
-    """`torchrun --standalone --nproc-per-node N -m speculators.train <flags>` for this draft and data.
+    """`torchrun --standalone --nproc-per-node N -m speculators.train <flags>` for this draft and data
+    (`settings.hidden_states="online"`: the states from `vllm_endpoint` as rows are read, `flags.speculators_flags`).
 
     `data` is a run's `RunLayout` (checkpoints go to its `speculators_save(kind)` unless `save_path` is
     given), or a stage-01 dataset folder with `save_path` given; a save path that already
@@ -64,7 +66,9 @@ def torchrun_command(
     T, _ = pack_length(settings.pack_len, draft.kind, FLEX)
     lengths = open_split(draft, Path(data) / "train", T).approx_lengths
     counts = epoch_steps(lengths, T, nproc, settings.seed, settings.train_steps, train_data_ratio)
-    flags = speculators_flags(draft, data, settings, save_path, counts, train_data_ratio, num_workers)
+    flags = speculators_flags(
+        draft, data, settings, save_path, counts, train_data_ratio, num_workers, vllm_endpoint=vllm_endpoint
+    )
     return [*launcher(), "--standalone", f"--nproc-per-node={nproc}", "-m", "speculators.train", *flags]
 
 

@@ -16,6 +16,8 @@ from draftlab import DraftlabError
 
 # Settings that change how often things happen, not what is trained: free to differ on resume.
 CADENCE = ("eval_every", "checkpoint_every", "eval_packs", "keep_checkpoints", "loader_workers")
+# where the hidden states come from: the same states either way (tests/test_online.py), so not a hyper-parameter
+SOURCE = ("hidden_states",)
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Settings:
     eval_packs: int | None = None  # None: the whole held-out split
     keep_checkpoints: int = 2
     loader_workers: int | None = None  # processes reading packs ahead; None: device.loader_workers picks
+    hidden_states: str = "offline"  # "offline": stage 01's files; "online": made by vLLM as packs are read
 
     def __post_init__(self):
         """Refused here, named, rather than as a ZeroDivisionError deep in the loop."""
@@ -53,6 +56,9 @@ class Settings:
                 f"the profile key {name}; an evaluation and a checkpoint are always made at the last step, "
                 "so a large interval means 'only at the end'",
             )
+        from draftlab.training.online import check_mode
+
+        check_mode(self.hidden_states)
         if not self.learning_rate > 0:
             raise DraftlabError(f"learning_rate={self.learning_rate}: must be above 0.")
 

@@ -30,7 +30,8 @@ from draftlab.training.device import loader_workers
 from draftlab.training.forward import evaluate, forward, normalise
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
 from draftlab.training.lock import run_lock
-from draftlab.training.settings import CADENCE, Settings, checked, forward_options, optimizer_and_schedule
+from draftlab.training.online import states_for
+from draftlab.training.settings import CADENCE, SOURCE, Settings, checked, forward_options, optimizer_and_schedule
 from draftlab.training.start import kept, on_finish, read_metrics, start  # noqa: F401  (read_metrics: for notebooks)
 
 
@@ -63,6 +64,7 @@ def train(
     resume: bool | None = None,
     stop_after: int | None = None,
     progress: bool = True,
+    online=None,
 ) -> Path:
     """Train `draft` on `data/train`, evaluating on `data/eval`; returns the run folder.
 
@@ -73,21 +75,23 @@ def train(
     other; an earlier run is set aside, not deleted, until the fresh one finishes. `stop_after=N` ends
     after global step N with a checkpoint, as an interruption would, without writing `final/`.
     The run folder is locked for the run (`lock.run_lock`): a second training into it is refused.
+    `settings.hidden_states="online"` starts a vLLM extraction server for the run (`online.states_for`) unless
+    `online` gives a started one to share.
     """
     s = checked(settings, "train()")
     data, run_dir = dataset_and_folder(data, run_dir, lambda lay: lay.draft(draft.kind), "train()")
-    with run_lock(run_dir):
-        return _train(draft, data, s, run_dir, resume, stop_after, progress)
+    with run_lock(run_dir), states_for(draft, data, s.hidden_states, run_dir / "vllm-online.log", online) as online:
+        return _train(draft, data, s, run_dir, resume, stop_after, progress, online)
 
 
-def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, stop_after, progress: bool) -> Path:
+def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, stop_after, progress: bool, online):
     from draftlab.progress import progress_bar
 
     options = forward_options(draft.kind, s)
-    train_packs = Packs(draft, open_split(draft, data / "train", s.pack_len), s.pack_len, s.seed)
-    eval_packs = Packs(draft, open_split(draft, data / "eval", s.pack_len), s.pack_len, 0)
+    train_packs = Packs(draft, open_split(draft, data / "train", s.pack_len, online), s.pack_len, s.seed)
+    eval_packs = Packs(draft, open_split(draft, data / "eval", s.pack_len, online), s.pack_len, 0)
     run_dir.mkdir(parents=True, exist_ok=True)
-    hp = ckpt.hparams(draft, {k: v for k, v in asdict(s).items() if k not in CADENCE})
+    hp = ckpt.hparams(draft, {k: v for k, v in asdict(s).items() if k not in CADENCE + SOURCE})
     rows = data / "train" / "rows.fingerprint"
     hp["train_rows"] = rows.read_text() if rows.exists() else None
     opt, sched = optimizer_and_schedule(draft, s)
@@ -104,6 +108,11 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
     # what this run chose, recorded on the draft it trains (its `report()` shows them)
     draft.choices["data loading"] = (f"{workers} loader processes" if workers else "in process", why)
     draft.choices["pack length"] = (train_packs.length, train_packs.why)
+    draft.choices["hidden states"] = (
+        (s.hidden_states, f"made by vLLM as packs are read ({online.endpoint}); none kept on disk")
+        if online
+        else (s.hidden_states, "stage 01's files")
+    )
     draft.model.train()
     bar = progress_bar(total=end, initial=step, desc=f"train {draft.kind}", disable=not progress)
     t0 = time.perf_counter()
