@@ -73,6 +73,7 @@ class Extract(Base):
     draft_kind: str  # whose default aux layers: eagle3 | dflash
     layer_ids: list[int] | None  # None: the default for draft_kind
     extract_batch_size: int
+    hidden_states: str  # "online": train states are made while 04 trains; 01 keeps the first rows' only
     draft_vocab_size: int  # d2t-N.npy / t2d-N.npy; stage 04 takes it from 01's resolved config
 
 

@@ -91,6 +91,25 @@ class ExtractStats:
         return self.tokens_written / self.seconds if self.seconds else float("nan")
 
 
+SOURCES = ("offline", "online")  # where training's hidden states come from (the profile key hidden_states)
+PREVIEW_ROWS = 256  # train rows whose states stage 01 keeps when training makes its own online (notebooks 02-04)
+
+
+def check_source(mode: str) -> str:
+    if mode not in SOURCES:
+        raise DraftlabError(
+            f"hidden_states={mode!r}: use 'offline' (stage 01 writes every row's states) or 'online' (a vLLM "
+            "extraction server makes them while the draft trains; stage 01 keeps only the first rows')."
+        )
+    return mode
+
+
+def rows_to_store(mode: str, split: str) -> int | None:
+    """How many rows of `split` stage 01 extracts: all of them (None), or, online, the first PREVIEW_ROWS of train
+    (for the packs notebooks 02-04 draw and check); eval is always whole (held-out evaluation and notebook 05)."""
+    return PREVIEW_ROWS if check_source(mode) == "online" and split == "train" else None
+
+
 def extract(
     verifier,
     dataset,

@@ -23,8 +23,6 @@ from pathlib import Path
 
 from draftlab import DraftlabError
 
-MODES = ("offline", "online")
-
 
 @dataclass
 class Online:
@@ -33,15 +31,6 @@ class Online:
     endpoint: str
     no_cache: Path
     server: object = None  # the `Server`, for its log and start-up time
-
-
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise DraftlabError(
-            f"hidden_states={mode!r}: use 'offline' (stage 01's files) or 'online' (a vLLM extraction server "
-            "draftlab starts for the training run; nothing is kept on disk)."
-        )
-    return mode
 
 
 @contextmanager

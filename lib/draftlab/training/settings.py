@@ -56,9 +56,9 @@ class Settings:
                 f"the profile key {name}; an evaluation and a checkpoint are always made at the last step, "
                 "so a large interval means 'only at the end'",
             )
-        from draftlab.training.online import check_mode
+        from draftlab.data.extract import check_source
 
-        check_mode(self.hidden_states)
+        check_source(self.hidden_states)
         if not self.learning_rate > 0:
             raise DraftlabError(f"learning_rate={self.learning_rate}: must be above 0.")
 
