@@ -66,8 +66,10 @@ pytest: $(STAMP) $(VLLM_STAMP)
 browser: $(STAMP)
 	$(PY) -m pytest -m browser
 
+# the ci run, then its drafts trained again with their states made online by vLLM (issue 31)
 notebooks: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/draftlab run --profile ci
+	$(VENV)/bin/draftlab run --profile ci --only 04 --run-name ci-online --set hidden_states=online
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --allow-root --ip=127.0.0.1

@@ -18,19 +18,23 @@ LAYER_IDS = [1, 4, 6]  # of the serve verifier's 8 layers
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.usefixtures("one_thread")]
 
 
-@pytest.fixture(scope="module")
-def split_data(tmp_path_factory, serve_verifier):
-    """Stage-01 splits of the serve verifier (vLLM's CPU attention takes it), states extracted by draftlab's hooks."""
+def make_splits(v, root, mode: str = "offline"):
+    """Stage-01 splits of `v` under `root`, states extracted by draftlab's hooks for the rows 01 keeps in `mode`."""
     from draftlab.data import dataset, extract, vocab
 
-    root = tmp_path_factory.mktemp("online")
-    v = serve_verifier
     for split, lengths, seed in (("train", [40, 25, 33, 18, 50, 29, 44, 21], 0), ("eval", [30, 22, 41], 1)):
         ds = dataset.save_split(random_rows(v.vocab_size, lengths, seed), v.tokenizer, root / split, max_length=64)
-        extract.extract(v, ds, root / split, LAYER_IDS, progress=False)
+        keep = extract.rows_to_store(mode, split)
+        extract.extract(v, ds, root / split, LAYER_IDS, progress=False, max_samples=keep)
         if split == "train":
             vocab.build_mapping(vocab.token_frequencies(ds, root / split), 32, v.vocab_size, root / split)
     return root
+
+
+@pytest.fixture(scope="module")
+def split_data(tmp_path_factory, serve_verifier):
+    """Stage-01 splits of the serve verifier (vLLM's CPU attention takes it), every row's states on disk."""
+    return make_splits(serve_verifier, tmp_path_factory.mktemp("online"))
 
 
 def _losses(run_dir) -> list[tuple[str, int, float]]:
@@ -91,10 +95,37 @@ def test_the_torchrun_command_asks_vllm_for_every_row_when_online(serve_verifier
 
     d = build_draft("eagle3", serve_verifier, split_data / "train", layer_ids=LAYER_IDS, attention="sdpa")
     s = Settings(train_steps=4, pack_len=128, hidden_states="online")
-    with pytest.raises(DraftlabError, match="hidden_states='online': pass vllm_endpoint"):
-        torchrun_command(d, split_data, s, nproc=2, save_path=tmp_path / "save")
+    cmd = torchrun_command(d, split_data, s, nproc=2, save_path=tmp_path / "save")
+    assert cmd[cmd.index("--vllm-endpoint") + 1] == "http://localhost:8000/v1"  # speculators' launch_vllm.py
     cmd = torchrun_command(d, split_data, s, nproc=2, save_path=tmp_path / "save", vllm_endpoint="http://h:8000/v1")
     flat = TrainConfig.resolve(cmd[cmd.index("speculators.train") + 1 :]).flatten()
     assert flat["on_missing"] == "generate" and flat["vllm_endpoint"] == "http://h:8000/v1"
     cache = tmp_path / "save-no-cache"
     assert flat["hidden_states_path"] == str(cache) and cache.is_dir() and not any(cache.iterdir())
+
+
+def test_a_split_01_extracted_online_trains_online_and_is_refused_offline(serve_verifier, tmp_path, monkeypatch):
+    """Stage 01 with hidden_states: online keeps the first train rows' states only (for notebooks 02-04): training
+    offline on it is refused by name before any step (speculators would meet a missing file mid-epoch)."""
+    from draftlab.data import extract
+    from draftlab.drafts.draft import build_draft
+    from draftlab.training.launch import torchrun_command
+    from draftlab.training.train import train
+
+    monkeypatch.setattr(extract, "PREVIEW_ROWS", 3)
+    v, root = serve_verifier, make_splits(serve_verifier, tmp_path / "data", "online")
+    assert len(list((root / "train" / "hidden_states").glob("*.safetensors"))) == 3
+    assert len(list((root / "eval" / "hidden_states").glob("*.safetensors"))) == 3, "eval is kept whole"
+    d = build_draft("eagle3", v, root / "train", layer_ids=LAYER_IDS, attention="sdpa")
+    offline = Settings(train_steps=2, pack_len=128, warmup_steps=1)
+    for refused in (
+        lambda: train(d, root, offline, run_dir=tmp_path / "off", progress=False),
+        lambda: torchrun_command(d, root, offline, nproc=1, save_path=tmp_path / "save"),
+    ):
+        with pytest.raises(DraftlabError, match=r"first 3 of 8 rows only .* train with hidden_states: online"):
+            refused()
+    if unavailable() is not None:
+        pytest.skip(f"no working vLLM environment: {unavailable()}")
+    run = train(d, root, Settings(train_steps=2, pack_len=128, warmup_steps=1, hidden_states="online"), tmp_path / "on")
+    assert (run / "final" / "model.safetensors").exists()
+    assert len(list((root / "train" / "hidden_states").glob("*.safetensors"))) == 3, "nothing written to the data"

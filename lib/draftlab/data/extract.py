@@ -110,6 +110,14 @@ def rows_to_store(mode: str, split: str) -> int | None:
     return PREVIEW_ROWS if check_source(mode) == "online" and split == "train" else None
 
 
+def kept_line(mode: str, rows: dict[str, int], keep: dict[str, int | None]) -> str:
+    """One line for notebook 01: which rows' states are written here, and why."""
+    if mode == "offline":
+        return "hidden_states: offline: every row's states are written here; stage 04 reads them."
+    kept = ", ".join(f"{s} {min(rows[s], keep[s] or rows[s])} of {rows[s]}" for s in rows)
+    return f"hidden_states: online: stage 04 makes the train rows' states through vLLM as it trains; kept here: {kept}."
+
+
 def extract(
     verifier,
     dataset,

@@ -109,6 +109,18 @@ def open_split(draft, folder: Path, pack_len: int, online=None):
     return ds
 
 
+def require_states(ds, folder: Path) -> None:
+    """Training offline reads every row's states from stage 01's files: refuse a split 01 extracted online (the
+    first rows only, for notebooks 02-04), which speculators would meet as a missing file mid-epoch."""
+    n = (manifest.read(folder) or {}).get("num_samples", len(ds))
+    if n < len(ds):
+        raise DraftlabError(
+            f"{folder} holds hidden states for its first {n} of {len(ds)} rows only (stage 01 ran with "
+            "hidden_states: online, keeping those for notebooks 02-04): train with hidden_states: online, or "
+            "re-run notebook 01 with hidden_states: offline to write them all."
+        )
+
+
 class Packs:
     """Packs of one split in speculators' order: `indices(step)` for training, `all()` for eval."""
 

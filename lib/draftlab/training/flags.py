@@ -116,7 +116,8 @@ def speculators_flags(
     vllm_endpoint: str | None = None,
 ) -> list[str]:
     """`speculators train` flags (checked against its own parser in the tests). `settings.hidden_states="online"`
-    asks `vllm_endpoint` (an extraction server's `/v1`) for every row's states: `--on-missing generate`, and a
+    asks `vllm_endpoint` (an extraction server's `/v1`, every rank must reach it; speculators' default where None,
+    where its scripts/launch_vllm.py serves) for every row's states: `--on-missing generate`, and a
     `--hidden-states-path` beside the save path that holds no files, so stage 01's files are not read."""
     s, cfg = settings, draft.train_config.flatten()
     train = Path(data).resolve() / "train"
@@ -151,12 +152,10 @@ def speculators_flags(
         "save-path": Path(save_path).resolve(),
     }
     if getattr(s, "hidden_states", "offline") == "online":
-        if not vllm_endpoint:
-            raise DraftlabError(
-                "hidden_states='online': pass vllm_endpoint, the /v1 address of a running vLLM extraction server "
-                "(draftlab.data.extract_vllm.extraction_server, or speculators' scripts/launch_vllm.py) that every "
-                "rank can reach; or train offline."
-            )
+        if not vllm_endpoint:  # speculators' own default: its scripts/launch_vllm.py serves there
+            from speculators.train.config.schema import GenerationArgs
+
+            vllm_endpoint = GenerationArgs.model_fields["vllm_endpoint"].default
         no_cache = Path(save_path).resolve().parent / f"{Path(save_path).name}-no-cache"
         no_cache.mkdir(parents=True, exist_ok=True)
         flags.update({"on-missing": "generate", "vllm-endpoint": vllm_endpoint, "hidden-states-path": no_cache})

@@ -35,6 +35,7 @@ from draftlab.layout import RunLayout
 from draftlab.training import train as tr
 from draftlab.training.checkpoint import check_reload
 from draftlab.training.lock import run_lock
+from draftlab.training.online import Online, states_for
 
 
 def side_by_side(device: str, runs: int, cpus: int | None = None, requested: bool | None = None) -> tuple[bool, str]:
@@ -84,29 +85,32 @@ def train_drafts(
     with ExitStack() as held:  # every run folder, before a job folder in it is rewritten (side by side)
         for kind in drafts:
             held.enter_context(run_lock(layout.draft(kind)))
-        return _train_all(drafts, layout, settings, progress, on, training)
+        # online: one extraction server for every draft (they read the same rows and layers), stopped after them
+        log = layout.drafts / "vllm-online.log"
+        online = held.enter_context(states_for(next(iter(drafts.values())), layout.data, settings.hidden_states, log))
+        return _train_all(drafts, layout, settings, progress, on, training, online)
 
 
-def _train_all(drafts: dict, layout: RunLayout, settings: tr.Settings, progress: bool, on: bool, training: tuple):
+def _train_all(drafts: dict, layout: RunLayout, settings, progress: bool, on: bool, training: tuple, online):
     if on:
-        return _in_processes(drafts, layout, settings, progress, training)
+        return _in_processes(drafts, layout, settings, progress, training, online)
     runs, seconds, reloads = {}, {}, {}
     for kind, d in drafts.items():
         d.choices["training"] = training  # trained in place: these are the drafts given back
         runs[kind], seconds[kind], reloads[kind] = _train_and_check(
-            d, layout.data, layout.draft(kind), settings, progress
+            d, layout.data, layout.draft(kind), settings, progress, online
         )
     return Trained(dict(drafts), runs, seconds, reloads)
 
 
-def _train_and_check(d, data: Path, run_dir: Path, settings: tr.Settings, progress: bool) -> tuple[Path, float, dict]:
+def _train_and_check(d, data: Path, run_dir: Path, settings, progress: bool, online=None) -> tuple[Path, float, dict]:
     t0 = time.perf_counter()
-    run = tr.train(d, data, settings, run_dir, progress=progress)
+    run = tr.train(d, data, settings, run_dir, progress=progress, online=online)
     seconds = time.perf_counter() - t0
     return run, seconds, check_reload(d, run / "final", data, settings)
 
 
-def _in_processes(drafts: dict, layout: RunLayout, settings: tr.Settings, progress: bool, training: tuple):
+def _in_processes(drafts: dict, layout: RunLayout, settings: tr.Settings, progress: bool, training: tuple, online):
     from draftlab.progress import progress_bar
 
     env = {
@@ -118,7 +122,7 @@ def _in_processes(drafts: dict, layout: RunLayout, settings: tr.Settings, progre
     jobs, bars = {}, {}
     try:
         for kind, d in drafts.items():
-            jobs[kind] = _start(kind, d, layout, settings, env)
+            jobs[kind] = _start(kind, d, layout, settings, env, online)
             bars[kind] = progress_bar(total=settings.train_steps, desc=f"train {kind}", disable=not progress)
         while any(p.poll() is None for p, _, _ in jobs.values()):
             _show(bars, jobs)
@@ -137,7 +141,7 @@ def _in_processes(drafts: dict, layout: RunLayout, settings: tr.Settings, progre
     return _collect(drafts, jobs, training)
 
 
-def _start(kind: str, d, layout: RunLayout, settings: tr.Settings, env: dict):
+def _start(kind: str, d, layout: RunLayout, settings: tr.Settings, env: dict, online=None):
     """Write the job (build arguments, initial weights, settings) and start its process."""
     job = layout.job(kind)
     shutil.rmtree(job, ignore_errors=True)
@@ -150,6 +154,7 @@ def _start(kind: str, d, layout: RunLayout, settings: tr.Settings, env: dict):
             "dtype": str(d.dtype).removeprefix("torch."),
             "build": d.build_args,
             "settings": asdict(settings),
+            "online": None if online is None else {"endpoint": online.endpoint, "no_cache": str(online.no_cache)},
             "data": str(layout.data),
             "run": str(layout.draft(kind)),
             "threads": torch.get_num_threads(),
@@ -213,7 +218,12 @@ def _job(job: Path) -> None:
         d = build_draft(spec["kind"], v, **spec["build"])
         d.model.load_state_dict(spec["state"])
         run, seconds, reload = _train_and_check(
-            d, Path(spec["data"]), Path(spec["run"]), tr.Settings(**spec["settings"]), progress=False
+            d,
+            Path(spec["data"]),
+            Path(spec["run"]),
+            tr.Settings(**spec["settings"]),
+            progress=False,
+            online=spec["online"] and Online(spec["online"]["endpoint"], Path(spec["online"]["no_cache"])),
         )
         result = {
             "run": str(run),

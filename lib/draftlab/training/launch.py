@@ -43,7 +43,7 @@ def torchrun_command(
     given), or a stage-01 dataset folder with `save_path` given; a save path that already
     holds epoch folders is refused unless `resume` (speculators would continue that run). Where the
     `torchrun` on PATH is not this Python's, `python -m torch.distributed.run` (the same launcher)."""
-    from draftlab.training.data import open_split
+    from draftlab.training.data import open_split, require_states
 
     settings = checked(settings, "torchrun_command")
     check_count("nproc", nproc, 1, "GPU processes, one per GPU: torchrun's --nproc-per-node")
@@ -64,7 +64,10 @@ def torchrun_command(
             "to continue it."
         )
     T, _ = pack_length(settings.pack_len, draft.kind, FLEX)
-    lengths = open_split(draft, Path(data) / "train", T).approx_lengths
+    ds = open_split(draft, Path(data) / "train", T)
+    if getattr(settings, "hidden_states", "offline") == "offline":
+        require_states(ds, Path(data) / "train")
+    lengths = ds.approx_lengths
     counts = epoch_steps(lengths, T, nproc, settings.seed, settings.train_steps, train_data_ratio)
     flags = speculators_flags(
         draft, data, settings, save_path, counts, train_data_ratio, num_workers, vllm_endpoint=vllm_endpoint

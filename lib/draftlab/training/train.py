@@ -25,7 +25,7 @@ import torch
 from draftlab import DraftlabError
 from draftlab.layout import RunLayout, dataset_and_folder
 from draftlab.training import checkpoint as ckpt
-from draftlab.training.data import Packs, open_split, tokens
+from draftlab.training.data import Packs, open_split, require_states, tokens
 from draftlab.training.device import loader_workers
 from draftlab.training.forward import evaluate, forward, normalise
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
@@ -89,6 +89,8 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
 
     options = forward_options(draft.kind, s)
     train_packs = Packs(draft, open_split(draft, data / "train", s.pack_len, online), s.pack_len, s.seed)
+    if online is None:
+        require_states(train_packs.ds, data / "train")
     eval_packs = Packs(draft, open_split(draft, data / "eval", s.pack_len, online), s.pack_len, 0)
     run_dir.mkdir(parents=True, exist_ok=True)
     hp = ckpt.hparams(draft, {k: v for k, v in asdict(s).items() if k not in CADENCE + SOURCE})
@@ -119,6 +121,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
     batches = train_packs.stream(step, end, workers)
     with closing(batches):  # a stop (NaN, interrupt) ends the loader's worker processes at once
         for batch, position in batches:
+            waited = time.perf_counter() - t0  # for its pack: reading it (and, online, vLLM making its states)
             lr = sched.get_last_lr()[0]
             _, loss, m = forward(draft, batch, **options)
             if not torch.isfinite(loss):
@@ -147,6 +150,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
                 "grad_norm": norm.item(),
                 "tokens_per_s": tokens(batch) / seconds,
                 "seconds": seconds,
+                "data_s": waited,
                 "epoch": position[0],
                 **normalise(m),
             }
@@ -194,4 +198,7 @@ def summary(kind: str, records: list[dict]) -> dict:
         "eval first-position accuracy": first_accuracy(kind, last),
         "train tokens/s (median)": statistics.median(r["tokens_per_s"] for r in train_rows),
         "first step (s)": train_rows[0].get("seconds", math.nan),
+        "share of a step waiting for its pack (median)": statistics.median(
+            r.get("data_s", math.nan) / r["seconds"] for r in train_rows
+        ),
     }
