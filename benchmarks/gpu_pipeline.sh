@@ -160,6 +160,29 @@ print(RunLayout(load_profile('$p')['dataset_name'], '$p').split('train'))")
   wait "$ext" || echo "the extraction bench failed: $res/extract.txt"
   $py -m draftlab run --profile "$p" --only 04,05 > /tmp/h200-0405.log 2>&1 || { tail -c 4000 /tmp/h200-0405.log; exit 1; }
   nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
+online)
+  # Issue 31 on the GPU, the smallest form: the ci data (stage 01 by transformers, no server), then
+  # benchmarks/bench_online.py (offline against online training, one process). After stage, stage2, stage-deps and
+  # stage-vllm a, carry [".vllm/b"]: bash benchmarks/gpu_pipeline.sh online   (again, no carry, while it runs)
+  out="${OUT:-/tmp/out}"; mkdir -p "$out"; log=/tmp/draftlab-online.log
+  install_once
+  if [ ! -f "$log" ]; then
+    vllm_install
+    setsid nohup bash -c "bash $0 online-job > $log 2>&1; echo \$? > $log.rc" < /dev/null > /dev/null 2>&1 &
+  fi
+  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  cp "$log" "$out/log-online.txt"
+  for f in /tmp/bench-online.json /tmp/online-01.log; do [ -f "$f" ] && cp "$f" "$out/"; done
+  tail -c 2500 "$log" | tr '\r' '\n' | tail -n 30
+  [ -f "$log.rc" ] || { echo "still running: call 'online' again within 30 s to wait on it"; exit 3; }
+  exit "$(cat "$log.rc")" ;;
+online-job)
+  install_once; vllm_install
+  set -x
+  py="${PY:-python3}"
+  while [ -z "${SKIP_INSTALL:-}" ] && [ ! -f /tmp/convert.log.rc ]; do sleep 1; done
+  $py -m draftlab run --profile ci --only 01 --set engine=hf > /tmp/online-01.log 2>&1 || { tail -c 3000 /tmp/online-01.log; exit 1; }
+  $py benchmarks/bench_online.py --dataset smollm2-ci --steps "${STEPS:-40}" --pack-len 1024 --json /tmp/bench-online.json ;;
 sharegpt)
   # Before: the gpu profile without ShareGPT (its prompts of 2026-12-01); after: the gpu profile as it
   # stands. Both run at once (a 135M verifier leaves the H200 mostly idle), then each EAGLE-3 draft and
@@ -356,6 +379,6 @@ run)
   done
   exit "$(cat "$log.rc")" ;;
 *)
-  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | h200 | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
+  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | h200 | online | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
   exit 2 ;;
 esac
