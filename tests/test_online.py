@@ -83,8 +83,12 @@ def test_online_stops_its_server_and_keeps_nothing(serve_verifier, split_data):
 
 
 def test_an_unknown_source_is_refused_by_name():
-    with pytest.raises(DraftlabError, match=r"hidden_states='disk': use 'offline' .* or 'online'"):
+    from draftlab.data.extract import check_source
+
+    with pytest.raises(DraftlabError, match=r"hidden_states='disk': use one of \('offline', 'online'\)"):
         Settings(hidden_states="disk")
+    with pytest.raises(DraftlabError, match=r"hidden_states='disk': use 'offline' .* or 'online'"):
+        check_source("disk")
 
 
 def test_the_torchrun_command_asks_vllm_for_every_row_when_online(serve_verifier, split_data, tmp_path):

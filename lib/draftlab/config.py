@@ -173,10 +173,6 @@ def _accepts(hint, value) -> bool:
     return type(value) is hint
 
 
-def _type_name(hint) -> str:
-    return hint.__name__ if isinstance(hint, type) else str(hint)
-
-
 def check_values(params: dict, where, complete: bool = False) -> None:
     """Refuse, before any notebook runs, a key no stage reads (with the nearest known key), a value of
     the wrong type (it would fail deep inside a stage) and, where `complete`, a key a stage reads that
@@ -192,7 +188,7 @@ def check_values(params: dict, where, complete: bool = False) -> None:
         if not _accepts(known[key], value):
             raise DraftlabError(
                 f"{where}: {key}={value!r} is a {type(value).__name__}, but the stages expect "
-                f"{_type_name(known[key])}; fix the value."
+                f"{known[key].__name__ if isinstance(known[key], type) else known[key]}; fix the value."
             )
     missing = sorted(set(known) - set(params)) if complete else []
     if missing:

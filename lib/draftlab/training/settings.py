@@ -56,9 +56,10 @@ class Settings:
                 f"the profile key {name}; an evaluation and a checkpoint are always made at the last step, "
                 "so a large interval means 'only at the end'",
             )
-        from draftlab.data.extract import check_source
+        from draftlab.data.extract import SOURCES
 
-        check_source(self.hidden_states)
+        if self.hidden_states not in SOURCES:  # data.extract.check_source's rule, kept out of the training calls
+            raise DraftlabError(f"hidden_states={self.hidden_states!r}: use one of {SOURCES} (training.online).")
         if not self.learning_rate > 0:
             raise DraftlabError(f"learning_rate={self.learning_rate}: must be above 0.")
 
