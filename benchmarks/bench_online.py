@@ -3,6 +3,7 @@ read (online, `training.online`), the same draft, data, seed and steps, one afte
 the disk each keeps (BENCHMARKS.md, "Online hidden states").
 
     python benchmarks/bench_online.py --dataset smollm2-ci --steps 40 --pack-len 512
+    python benchmarks/bench_online.py --dataset smollm2-ci --loader-workers 4   # online: 4 processes ask vLLM at once
 
 The median step excludes the first `--skip` steps (the loader's first pack; online, the server's first requests).
 Run folders go under /tmp, so the notebooks' own runs are untouched.
@@ -32,6 +33,9 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=5)
     ap.add_argument("--pack-len", type=int, default=512)
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument(
+        "--loader-workers", type=int, default=None, help="processes reading packs ahead (default: what draftlab picks)"
+    )
     args = ap.parse_args()
 
     import torch
@@ -52,7 +56,7 @@ def main() -> None:
         d = draft.build_draft(args.kind, v, data / "train", draft_vocab_size=cfg.get("draft_vocab_size"))
         s = train.Settings(
             train_steps=args.steps, pack_len=args.pack_len, eval_every=args.steps, checkpoint_every=args.steps,
-            eval_packs=1, hidden_states=mode, loader_workers=0,
+            eval_packs=1, hidden_states=mode, loader_workers=args.loader_workers,
         )  # fmt: skip
         run = Path(tempfile.mkdtemp(prefix=f"bench-online-{mode}-"))
         t0 = time.perf_counter()
