@@ -142,7 +142,8 @@ class Server:
         self.startup_s = (self._ready_at or time.perf_counter()) - self._t0
 
     def _wait_ready(self) -> None:
-        """Poll /health once a second, a bar showing the seconds waited against the timeout and the log to read."""
+        """Until `_watch_ready` has seen /health answer, a bar showing the seconds waited against the timeout and
+        the log to read."""
         from draftlab.progress import progress_bar
 
         deadline = time.monotonic() + self.startup_timeout
@@ -155,7 +156,7 @@ class Server:
                         f"vLLM exited with code {code} before serving: {self.cause()}\n"
                         f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
                     )
-                if self.healthy():
+                if self._ready_at is not None:  # `_watch_ready` polls /health from the launch on
                     return
                 time.sleep(1.0)
                 bar.update(round(self.startup_timeout - max(deadline - time.monotonic(), 0)) - bar.n)
