@@ -4,6 +4,9 @@ the disk each keeps (BENCHMARKS.md, "Online hidden states").
 
     python benchmarks/bench_online.py --dataset smollm2-ci --steps 40 --pack-len 512
     python benchmarks/bench_online.py --dataset smollm2-ci --loader-workers 4   # online: 4 processes ask vLLM at once
+    python benchmarks/bench_online.py --dataset smollm2-gpu --rows 256 --pack-len 8192 --loader-workers 4,12
+        # the gpu profile's data (online stage 01 kept its first 256 train rows' states): online with 4, then 12
+        # loader processes, both on one extraction server
 
 The median step excludes the first `--skip` steps (the loader's first pack; online, the server's first requests).
 Run folders go under /tmp, so the notebooks' own runs are untouched.
@@ -25,6 +28,31 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) if Path(path).exists() else 0
 
 
+def first_rows(data: Path, n: int, into: Path) -> Path:
+    """A copy of stage-01 dataset `data` whose train split is its first `n` rows, the hidden-state files linked, not
+    copied. An online stage 01 keeps states for its first rows only (`extract.PREVIEW_ROWS`): on those rows offline
+    and online training can be timed side by side on the profile's own data."""
+    import shutil
+
+    from datasets import load_from_disk
+
+    into.mkdir(parents=True)
+    shutil.copy(data / "config.json", into / "config.json")
+    (into / "eval").symlink_to((data / "eval").resolve())
+    src, dst = data / "train", into / "train"
+    load_from_disk(str(src)).select(range(n)).save_to_disk(str(dst))
+    man = json.loads((src / "manifest.json").read_text())
+    if man.get("num_samples", 0) < n:
+        raise SystemExit(f"{src} holds states for {man.get('num_samples')} rows; ask for --rows at most that")
+    man.update(num_samples=n, files={k: f for k, f in man["files"].items() if int(k) < n})
+    man["num_tokens"] = sum(f["tokens"] for f in man["files"].values())
+    (dst / "manifest.json").write_text(json.dumps(man))
+    (dst / "hidden_states").symlink_to((src / "hidden_states").resolve())
+    for f in src.glob("*.npy"):
+        shutil.copy(f, dst / f.name)
+    return into
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="smollm2-ci", help="data/runs/<dataset> written by notebook 01")
@@ -32,9 +60,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--skip", type=int, default=5)
     ap.add_argument("--pack-len", type=int, default=512)
+    ap.add_argument("--rows", type=int, help="train on the first ROWS train rows only (those an online stage 01 kept)")
     ap.add_argument("--json", help="write the results here too")
     ap.add_argument(
-        "--loader-workers", type=int, default=None, help="processes reading packs ahead (default: what draftlab picks)"
+        "--loader-workers",
+        default="",
+        help="processes reading packs ahead, comma-separated for several online runs on one server "
+        "(default: what draftlab picks, offline and online)",
     )
     args = ap.parse_args()
 
@@ -45,49 +77,68 @@ def main() -> None:
     from draftlab.drafts import draft
     from draftlab.layout import RunLayout
     from draftlab.training import train
+    from draftlab.training.online import longest_row, state_server
 
     logger.remove()
     data = RunLayout(args.dataset, "bench").data
+    tmp = Path(tempfile.mkdtemp(prefix="bench-online-"))
+    if args.rows:
+        data = first_rows(data, args.rows, tmp / "data")
     v = load_verifier("smollm2")
     cfg = json.loads((data / "config.json").read_text())["config"]  # stage 01's resolved settings
+    workers = [int(w) for w in args.loader_workers.split(",") if w] or [None]
     results = {}
-    for mode in ("offline", "online"):
+
+    def run(name, mode, n_workers, online=None):
         torch.manual_seed(0)
         d = draft.build_draft(args.kind, v, data / "train", draft_vocab_size=cfg.get("draft_vocab_size"))
         s = train.Settings(
             train_steps=args.steps, pack_len=args.pack_len, eval_every=args.steps, checkpoint_every=args.steps,
-            eval_packs=1, hidden_states=mode, loader_workers=args.loader_workers,
+            eval_packs=1, hidden_states=mode, loader_workers=n_workers,
         )  # fmt: skip
-        run = Path(tempfile.mkdtemp(prefix=f"bench-online-{mode}-"))
+        out = tmp / name
         t0 = time.perf_counter()
-        train.train(d, data, s, run_dir=run)
+        train.train(d, data, s, run_dir=out, online=online)
         wall = time.perf_counter() - t0
-        recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in recs if r["split"] == "train"][args.skip :]
-        log = run / "vllm-online.log"
-        results[mode] = {
+        results[name] = {
+            "loader": d.choices["data loading"][0],
             "median tokens/s": statistics.median(r["tokens_per_s"] for r in steps),
             "median step s": statistics.median(r["seconds"] for r in steps),
-            "wall s (start included)": round(wall, 1),
+            "share of a step waiting for its pack": statistics.median(r["data_s"] / r["seconds"] for r in steps),
+            "wall s": round(wall, 1),
             "hidden states on disk (bytes)": du(data / "train" / "hidden_states") + du(data / "eval" / "hidden_states")
             if mode == "offline"
             else 0,
             "final loss": steps[-1]["loss"],
-            "server log": str(log) if log.exists() else None,
         }
-        subprocess.run(["rm", "-rf", str(run)], check=False)
-    off, on = results["offline"], results["online"]
-    ratio = on["median step s"] / off["median step s"]
-    print("| mode | median step (s) | median tokens/s | wall (s) | states on disk | final loss |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for mode, r in results.items():
+
+    run("offline", "offline", workers[0])
+    t0 = time.perf_counter()
+    n = longest_row(data / "train", data / "eval") + 1
+    with state_server(v, json.loads((data / "train" / "manifest.json").read_text())["layer_ids"], n) as online:
+        start = round(time.perf_counter() - t0, 1)
+        for w in workers:
+            run(f"online, {w if w is not None else 'picked'} loaders", "online", w, online)
+    subprocess.run(["rm", "-rf", str(tmp)], check=False)
+    off = results["offline"]
+    print(f"one extraction server for the online runs, ready after {start} s")
+    print(
+        "| mode | loader | median step (s) | median tokens/s | waiting for the pack | wall (s) | states on disk |"
+        " final loss | online / offline step |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, r in results.items():
+        ratio = r["median step s"] / off["median step s"]
+        r["online/offline step"] = ratio
         print(
-            f"| {mode} | {r['median step s']:.3f} | {r['median tokens/s']:,.0f} | {r['wall s (start included)']} | "
-            f"{r['hidden states on disk (bytes)'] / 2**20:.1f} MiB | {r['final loss']:.4f} |"
+            f"| {name} | {r['loader']} | {r['median step s']:.3f} | {r['median tokens/s']:,.0f} | "
+            f"{r['share of a step waiting for its pack']:.0%} | {r['wall s']} | "
+            f"{r['hidden states on disk (bytes)'] / 2**20:.1f} MiB | {r['final loss']:.4f} | {ratio:.2f}x |"
         )
-    print(f"online / offline time per step: {ratio:.2f}x")
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "online/offline step": ratio}, indent=1))
+        Path(args.json).write_text(json.dumps({"results": results, "server start s": start}, indent=1))
 
 
 if __name__ == "__main__":

@@ -81,6 +81,19 @@ vllm_install() {
   export DRAFTLAB_VLLM="${DRAFTLAB_VLLM:-/tmp/vllm-bin/vllm}"
 }
 
+background() {
+  # `bash $0 $1-job` started once, in the background (setsid: it outlives this device call), then waited on for up to
+  # WAIT_S seconds; its log goes to $OUT at every call. True once the job has finished (its exit status in $log.rc).
+  local log="/tmp/draftlab-$1.log"
+  mkdir -p "$out"
+  if [ ! -f "$log" ]; then
+    setsid nohup bash -c "bash $0 $1-job > $log 2>&1; echo \$? > $log.rc" < /dev/null > /dev/null 2>&1 &
+  fi
+  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  cp "$log" "$out/log-$1.txt"
+  [ -f "$log.rc" ]
+}
+
 case "${1:-}" in
 prepare)
   # shellcheck disable=SC2086
@@ -164,18 +177,41 @@ online)
   # Issue 31 on the GPU, the smallest form: the ci data (stage 01 by transformers, no server), then
   # benchmarks/bench_online.py (offline against online training, one process). After stage, stage2, stage-deps and
   # stage-vllm a, carry [".vllm/b"]: bash benchmarks/gpu_pipeline.sh online   (again, no carry, while it runs)
-  out="${OUT:-/tmp/out}"; mkdir -p "$out"; log=/tmp/draftlab-online.log
-  install_once
-  if [ ! -f "$log" ]; then
-    vllm_install
-    setsid nohup bash -c "bash $0 online-job > $log 2>&1; echo \$? > $log.rc" < /dev/null > /dev/null 2>&1 &
-  fi
-  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
-  cp "$log" "$out/log-online.txt"
+  out="${OUT:-/tmp/out}"; log=/tmp/draftlab-online.log
+  install_once; vllm_install
+  background online && done=1 || done=
   for f in /tmp/bench-online.json /tmp/online-01.log; do [ -f "$f" ] && cp "$f" "$out/"; done
   tail -c 2500 "$log" | tr '\r' '\n' | tail -n 30
-  [ -f "$log.rc" ] || { echo "still running: call 'online' again within 30 s to wait on it"; exit 3; }
+  [ -n "$done" ] || { echo "still running: call 'online' again within 30 s to wait on it"; exit 3; }
   exit "$(cat "$log.rc")" ;;
+online-gpu)
+  # Issue 31 on the gpu profile (hidden_states: online): 01 (vLLM writes the answers; states kept for the first 256
+  # train rows only), then bench_online.py on those rows at the profile's pack length (offline, then online with 4 and
+  # with 12 loader processes on one extraction server), then 04 (online) and 05. After the four staging calls, carry
+  # [".vllm/b"]: bash benchmarks/gpu_pipeline.sh online-gpu   (again, no carry, while it says "still running")
+  out="${OUT:-/tmp/out}"; log=/tmp/draftlab-online-gpu.log; p="${PROFILE:-gpu}"
+  install_once; vllm_install
+  background online-gpu && done=1 || done=
+  # shellcheck disable=SC2046
+  tar czf "$out/online-gpu.tar.gz" $(find "outputs/$p" -type f -size -2M 2>/dev/null) /tmp/og-*.log /tmp/bench-online-gpu.json \
+    $(${PY:-python3} -m draftlab.layout "smollm2-$p" metrics.jsonl 2>/dev/null) 2>/dev/null || true
+  for f in /tmp/og-*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 1200 "$f" | tr '\r' '\n' | tail -n 12; echo; }; done
+  [ -n "$done" ] || { echo "still running: call 'online-gpu' again within 30 s to wait on it"; exit 3; }
+  grep -a -h -A8 "^notebook " /tmp/og-*.log || true
+  exit "$(cat "$log.rc")" ;;
+online-gpu-job)
+  install_once; vllm_install
+  set -x
+  py="${PY:-python3}"; p="${PROFILE:-gpu}"
+  while [ -z "${SKIP_INSTALL:-}" ] && [ ! -f /tmp/convert.log.rc ]; do sleep 1; done
+  $py -m draftlab run --profile "$p" --only 01 > /tmp/og-01.log 2>&1 || { tail -c 3000 /tmp/og-01.log; exit 1; }
+  ds=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['dataset_name'])")
+  pack=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['pack_len'])")
+  $py benchmarks/bench_online.py --dataset "$ds" --rows "${ROWS:-256}" --steps "${STEPS:-30}" --pack-len "$pack" \
+    --loader-workers "${LOADERS:-4,12}" --json /tmp/bench-online-gpu.json > /tmp/og-bench.log 2>&1 \
+    || echo "the online bench failed: /tmp/og-bench.log"
+  $py -m draftlab run --profile "$p" --only 04,05 ${SET05:+--set $SET05} > /tmp/og-0405.log 2>&1 \
+    || { tail -c 3000 /tmp/og-0405.log; exit 1; } ;;
 online-job)
   install_once; vllm_install
   set -x

@@ -101,6 +101,8 @@ def test_loader_workers_only_where_the_gpu_would_wait():
     from draftlab.training.device import loader_workers
 
     assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30)[0] == 4
+    assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30, online=True)[0] == 12  # each waits on vLLM
+    assert loader_workers(None, "cuda:0", cpus=8, shm_free=8 << 30, online=True)[0] == 6
     small = loader_workers(None, "cuda:0", cpus=16, shm_free=64 << 20)
     assert small[0] == 0 and "/dev/shm has 64 MiB free" in small[1] and "--shm-size" in small[1]
     assert loader_workers(None, "cpu", cpus=16)[0] == 0 and loader_workers(None, "cuda:0", cpus=2)[0] == 0

@@ -106,7 +106,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
         torch.manual_seed(s.seed)
     end = min(s.train_steps, stop_after or s.train_steps)
     metrics_path = run_dir / "metrics.jsonl"
-    workers, why = loader_workers(s.loader_workers, str(draft.device))
+    workers, why = loader_workers(s.loader_workers, str(draft.device), online=online is not None)
     # what this run chose, recorded on the draft it trains (its `report()` shows them)
     draft.choices["data loading"] = (f"{workers} loader processes" if workers else "in process", why)
     draft.choices["pack length"] = (train_packs.length, train_packs.why)
