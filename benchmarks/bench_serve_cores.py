@@ -13,10 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from draftlab.acceptance import served, workload
 from draftlab.acceptance.evaluate import load_spec_prompts
 from draftlab.data.verifier import load_verifier
 from draftlab.layout import RunLayout
-from draftlab.serving import served, workload
 from draftlab.serving.server import Server
 from draftlab.training.launch import trained_draft
 

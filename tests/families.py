@@ -316,11 +316,12 @@ def served(v, run: Path) -> str:
     """vLLM serving the verifier with an EAGLE-3 draft trained on its own answers (so that drafts are accepted):
     the verifier's greedy text, the checkpoint's aux layers, and a tau within compare.GAP_WARN of draftlab's loop
     on the same prompts and k. A family vLLM cannot serve raises DraftlabError with vLLM's root cause."""
+    from draftlab.acceptance import compare
+    from draftlab.acceptance import served as sv
     from draftlab.acceptance.evaluate import run_prompts, summarize, verifier_greedy
     from draftlab.acceptance.proposers import load_draft, make_proposer
     from draftlab.drafts.draft import build_eagle3
-    from draftlab.serving import compare, counters
-    from draftlab.serving import served as sv
+    from draftlab.serving import counters
     from draftlab.serving.server import Server
     from draftlab.training.train import Settings, train
 

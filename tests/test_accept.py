@@ -7,7 +7,7 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.acceptance import speculative as accept
-from draftlab.acceptance.model_proposers import Eagle3Proposer
+from draftlab.acceptance.eagle3 import Eagle3Proposer
 from draftlab.acceptance.proposers import NGramProposer, Proposal, load_draft
 
 PROMPTS = ["hello how are you today", "def add(a, b): return a + b", "the quick brown fox jumps", "for i in range(10):"]
@@ -234,7 +234,7 @@ def test_greedy_with_dflash_is_the_verifiers_greedy_output(tiny, tmp_path, k):
 
 def test_dflash_block_matches_speculators_anchored_block_forward(tiny, tmp_path):
     """The proposer's block equals speculators' training backbone with one anchor at the same position."""
-    from draftlab.acceptance.model_proposers import DFlashProposer
+    from draftlab.acceptance.dflash import DFlashProposer
     from draftlab.data.hooks import hidden_states
     from draftlab.drafts.draft import build_dflash
 
@@ -329,7 +329,7 @@ def test_non_integer_k_and_a_prompt_past_the_position_limit_are_named(tiny):
 def test_load_run_drafts_finds_the_trained_drafts_skips_the_missing_and_adds_named_ones(tiny, eagle_path, tmp_path):
     import shutil
 
-    from draftlab.acceptance.model_proposers import DFlashProposer
+    from draftlab.acceptance.dflash import DFlashProposer
     from draftlab.acceptance.proposers import load_run_drafts
     from draftlab.drafts.draft import build_dflash
     from draftlab.layout import RunLayout

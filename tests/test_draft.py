@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from draftlab import DraftlabError
+from draftlab.drafts.device import pick_loss
 from draftlab.drafts.draft import build_dflash, build_draft, build_eagle3
 from draftlab.drafts.inputs import pick_mask_token, used_ids
 from draftlab.drafts.inspection import parameter_table
-from draftlab.drafts.validate import verify
-from draftlab.training.attention import FLEX
-from draftlab.training.checkpoint import nan_parameters, reload_check
-from draftlab.training.data import check_pack, pack_length, pad_batch
-from draftlab.training.device import pick_loss
+from draftlab.drafts.validate import nan_parameters, verify
+from draftlab.masks.attention import FLEX
+from draftlab.masks.packing import check_pack, pack_length, pad_batch
+from draftlab.training.checkpoint import reload_check
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 KW = dict(device="cpu", dtype="float32")

@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from draftlab import DraftlabError
+from draftlab.acceptance.proposers import check_frozen
 from draftlab.run import main
 from draftlab.serving import command
-from draftlab.serving.pair_check import check_frozen
 from draftlab.serving.process import free_port, group_members
 from draftlab.serving.server import Server
 

@@ -9,7 +9,8 @@ import subprocess
 import pytest
 
 from draftlab import DraftlabError
-from draftlab.serving import gpu_memory, together, workload
+from draftlab.acceptance import together, workload
+from draftlab.serving import gpu_memory
 from draftlab.serving.command import PER_REQUEST_FLAG, serve_args, supported_flags
 from draftlab.serving.gpu_memory import GiB, size_share
 from draftlab.serving.process import group_members

@@ -2,11 +2,11 @@ import pytest
 import torch
 
 from draftlab import DraftlabError
+from draftlab.masks.attention import FLEX, attend, check_mask, mask_builder, pick_attention, require_impl
 from draftlab.masks.checks import block_states, expected_block_states, pointwise, run_checks
 from draftlab.masks.common import synthetic_pack
 from draftlab.masks.dflash import dflash_mask
 from draftlab.masks.eagle3 import eagle3_mask
-from draftlab.training.attention import FLEX, attend, check_mask, mask_builder, pick_attention, require_impl
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def test_online_stops_its_server_and_keeps_nothing(serve_verifier, split_data):
 
     if unavailable() is not None:
         pytest.skip(f"no working vLLM environment: {unavailable()}")
-    from draftlab.training.data import rows
+    from draftlab.data.packing import rows
 
     with state_server(serve_verifier, LAYER_IDS, 80) as online:
         folder = online.no_cache.parent

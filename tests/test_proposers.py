@@ -12,7 +12,8 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.acceptance import draft_masks
-from draftlab.acceptance.model_proposers import DFlashProposer, Eagle3Proposer
+from draftlab.acceptance.dflash import DFlashProposer
+from draftlab.acceptance.eagle3 import Eagle3Proposer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 T, WINDOW, STEPS, BLOCK = 12, 4, 3, 4  # sequence length, sliding window (shorter), TTT steps, DFlash block

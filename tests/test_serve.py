@@ -9,7 +9,8 @@ import time
 import pytest
 
 from draftlab import DraftlabError
-from draftlab.serving import compare, counters, served, together
+from draftlab.acceptance import compare, served, together
+from draftlab.serving import counters
 from draftlab.serving.command import unavailable, vllm_executable
 from draftlab.serving.process import group_members
 from draftlab.serving.server import Server

@@ -98,7 +98,7 @@ def test_packs_read_ahead_by_worker_processes_train_exactly_the_same(tiny, data,
 
 
 def test_loader_workers_only_where_the_gpu_would_wait():
-    from draftlab.training.device import loader_workers
+    from draftlab.training.loaders import loader_workers
 
     assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30)[0] == 4
     assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30, online=True)[0] == 12  # each waits on vLLM
@@ -427,9 +427,9 @@ def test_offline_alpha_drafts_k_positions_and_leaves_the_draft_as_it_was(tiny, d
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 def test_evaluation_on_the_training_graph_gives_the_eval_mode_metrics(tiny, data, kind):
     """On CUDA evaluation reuses the compiled training graph (grad on, training mode): same metrics."""
+    from draftlab.drafts.device import dropout_free
+    from draftlab.drafts.forward import evaluate
     from draftlab.training.data import Packs, open_split
-    from draftlab.training.device import dropout_free
-    from draftlab.training.forward import evaluate
 
     d = make(tiny, data, kind)
     assert dropout_free(d.model)
@@ -457,9 +457,9 @@ def test_reload_check_on_the_training_graph_as_on_cuda(tiny, data, layout, monke
 
 
 def test_a_draft_with_dropout_is_evaluated_in_eval_mode_without_grad(tiny, data):
+    from draftlab.drafts.device import dropout_free
+    from draftlab.drafts.forward import evaluate
     from draftlab.training.data import Packs, open_split
-    from draftlab.training.device import dropout_free
-    from draftlab.training.forward import evaluate
 
     d = make(tiny, data)
     seen = []
@@ -706,4 +706,4 @@ def test_the_draft_handed_to_train_stays_in_training_and_core_call_by_call(tiny,
     attributes = {("draftlab/drafts/draft.py", f"Draft.{a}") for a in ("attention", "dtype", "device")} | {
         ("draftlab/data/verifier.py", f"Verifier.{a}") for a in ("hidden_size", "device", "dtype")
     }
-    assert any(p == "draftlab/training/forward.py" for p, _ in calls) and away <= attributes, sorted(away - attributes)
+    assert any(p == "draftlab/drafts/forward.py" for p, _ in calls) and away <= attributes, sorted(away - attributes)

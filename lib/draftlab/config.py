@@ -81,6 +81,7 @@ class Extract(Base):
 class Masks(Base):
     """Notebook 02: the attention masks of one real pack."""
 
+    draft_kinds: list[str]  # the draft families whose masks are drawn (families.FAMILIES; a refused one says why)
     pack_len: int  # tokens per packed batch (a multiple of 128 for TTT with flex)
     ttt_steps: int  # EAGLE-3 training-time-test steps
     dflash_block_size: int  # DFlash queries per anchor block
@@ -92,6 +93,7 @@ class Masks(Base):
 class _DraftShape:
     """How a draft is built (stages 03 and 04 build the same drafts)."""
 
+    draft_kinds: list[str]  # the draft families built and trained (families.FAMILIES; a refused one says why)
     draft_layers: int  # EAGLE-3 decoder layers
     dflash_layers: int  # DFlash decoder layers
     dflash_block_size: int  # tokens DFlash drafts per block
@@ -128,6 +130,7 @@ class Train(_DraftShape, Base):
 class Accept(Base):
     """Notebook 05: speculative decoding with each trained draft on 01's held-out prompts."""
 
+    draft_kinds: list[str]  # the draft families measured beside the n-gram baseline (those 04 trained)
     spec_k: int  # draft tokens per verifier pass for the headline numbers
     spec_k_values: list[int]  # chain lengths for tau against k
     spec_max_new_tokens: int  # tokens generated per prompt

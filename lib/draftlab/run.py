@@ -225,11 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "serve":
+            from draftlab.acceptance.proposers import check_frozen
             from draftlab.data.verifier_dir import resolve_verifier
             from draftlab.serving.process import serve_forever
 
             return serve_forever(
-                resolve_verifier(args.verifier), args.draft, args.k, args.dtype, args.device, args.port
+                resolve_verifier(args.verifier),
+                args.draft,
+                args.k,
+                args.dtype,
+                args.device,
+                args.port,
+                check=check_frozen,
             )
         run(
             args.profile,

@@ -9,9 +9,11 @@ name and renames, so the message can also say what the failure left untouched.
 from __future__ import annotations
 
 import errno
+import os
 import re
 import resource
 import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -125,3 +127,19 @@ def publish(final: Path, fill, operation: str, kept: str) -> Path:
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final
+
+
+def write_atomic(path: Path, data: str | bytes, what: str = "a file written all or nothing", **kept) -> None:
+    """`data` at `path`, all or nothing: written under a name no other writer uses (two training
+    processes verify one split at once), then renamed over `path`. A full disk, a file-size limit or a
+    read-only folder is named with `what` (`writes.writing`, which `kept` is passed to)."""
+    path = Path(path)
+    with writing(path, what, **kept):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data.encode() if isinstance(data, str) else data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

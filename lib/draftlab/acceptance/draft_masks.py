@@ -25,11 +25,6 @@ def check_drafting(model, kind: str) -> None:
             f"{kind} draft with attention {impl!r}: drafting with a KV cache passes dense masks, which only "
             "sdpa and eager take. Load the checkpoint with `proposers.load_draft` (it picks sdpa, or eager on mps)."
         )
-    if kind == "dflash" and model.config.sample_from_anchor:
-        raise DraftlabError(
-            "DFlash draft trained with sample_from_anchor=True (its anchor slot predicts too): draftlab drafts "
-            "slots 1.. after the anchor only. Train with sample_from_anchor=False (speculators' DFlash default)."
-        )
 
 
 def _float(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -165,7 +165,7 @@ def offline_alpha(draft, data_dir: Path, k: int | None = None, max_rows: int = 6
     from the draft's own earlier states, as a chain of k does online, so the offline tau at the online
     k needs no second online run."""
     from draftlab.data import manifest
-    from draftlab.training.data import collate, rows
+    from draftlab.data.packing import collate, rows
 
     if draft.kind != "eagle3":
         raise DraftlabError(f"offline estimate for {draft.kind} is not wired yet; only eagle3.")

@@ -6,7 +6,7 @@ draft, the distributions `q` they were drawn from (sampling verification needs t
 means a point mass, as for prompt lookup). After each verifier pass `update` gets the verifier's
 aux hidden states of the positions that pass processed and how many of them were kept, and rolls
 any cache back to them. Here: the interface, the n-gram baseline, and loading a run's trained
-drafts as proposers; the model drafts themselves are in `model_proposers`.
+drafts as proposers; the model drafts themselves are each family's `acceptance/<family>.py`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.drafts import norms
+from draftlab.drafts.recipe import recipe
+from draftlab.families import FAMILIES, stage_module, taken
 
 
 @dataclass
@@ -62,9 +64,8 @@ class NGramProposer(Proposer):
 
 def make_proposer(draft, target_vocab: int) -> Proposer:
     """The proposer for a loaded draft (`load_draft`), by its kind."""
-    from draftlab.acceptance.model_proposers import DFlashProposer, Eagle3Proposer
 
-    return {"eagle3": Eagle3Proposer, "dflash": DFlashProposer}[draft.kind](draft.model, target_vocab)
+    return stage_module("acceptance", draft.kind).PROPOSER(draft.model, target_vocab)
 
 
 def crop(cache, keep: int) -> None:
@@ -89,8 +90,9 @@ def load_draft(path, verifier):
         path = find_checkpoint(path)  # speculators' <save>/<epoch>/ layout, or an error naming the fix
     check_checkpoint(path)  # a cut config.json or model.safetensors named, before speculators reads it
     kind = json.loads((path / "config.json").read_text()).get("speculators_model_type")
-    if kind not in ("eagle3", "dflash"):
-        raise DraftlabError(f"{path}/config.json is a {kind!r} speculator; draftlab drafts with eagle3 or dflash.")
+    if kind not in FAMILIES:
+        raise DraftlabError(f"{path}/config.json is a {kind!r} speculator; draftlab drafts with {', '.join(taken())}.")
+    rec = recipe(kind)  # a family draftlab refuses is refused here, by name
     cls = SpeculatorModel.registry[kind]
     attention = "eager" if str(verifier.device) == "mps" else "sdpa"
     model = load_model(path, cls, attention, verifier.device, verifier.dtype).eval()
@@ -100,13 +102,7 @@ def load_draft(path, verifier):
             f"draft {path} has hidden size {model.config.transformer_layer_config.hidden_size}, "
             f"the verifier {verifier.hidden_size}: it was trained for another verifier."
         )
-    flat = {
-        "loss_implementation": "eager",
-        "target_layer_ids": model.target_layer_ids if kind == "eagle3" else None,
-        "draft_vocab_size": model.config.draft_vocab_size,
-    }
-    if kind == "eagle3":
-        flat["ttt_steps"] = model.config.speculators_config.proposal_methods[0].speculative_tokens
+    flat = {"loss_implementation": "eager", "draft_vocab_size": model.config.draft_vocab_size, **rec.loaded(model)}
     train_config = _train_config(kind, head_view(verifier), **{k: v for k, v in flat.items() if v is not None})
     train_kwargs, _ = cls.get_trainer_kwargs(**train_config.flatten())
     draft = Draft(
@@ -128,13 +124,13 @@ class RunDrafts:
 
 def load_run_drafts(layout, verifier, kinds=("ngram", "eagle3", "dflash"), extra=None, ngram_max=3) -> RunDrafts:
     """The proposers of `kinds` for a run (`RunLayout`): `ngram` (prompt lookup up to
-    `ngram_max` tokens), and each of `eagle3` / `dflash` whose stage-04 checkpoint exists (skipped with a
+    `ngram_max` tokens), and each draft family among them whose stage-04 checkpoint exists (skipped with a
     note otherwise): `launch.trained_draft`, final/ or speculators' own save (torchrun), the newer. `extra`
     ({name: checkpoint folder}) adds or replaces drafts by name, loaded as they are (`load_draft`)."""
     from draftlab.training.launch import trained_draft
 
     out = RunDrafts({"ngram": NGramProposer(ngram_max)} if "ngram" in kinds else {}, {}, {}, [])
-    found = {kind: trained_draft(layout.draft(kind)) for kind in ("eagle3", "dflash") if kind in kinds}
+    found = {kind: trained_draft(layout.draft(kind)) for kind in kinds if kind != "ngram"}
     for name, path in {**found, **{n: Path(p) for n, p in (extra or {}).items()}}.items():
         if path is None:
             where = layout.draft(name)
@@ -146,3 +142,14 @@ def load_run_drafts(layout, verifier, kinds=("ngram", "eagle3", "dflash"), extra
         out.proposers[name] = make_proposer(out.drafts[name], verifier.vocab_size)
         out.notes.append(f"{name}: loaded {path} (aux layer ids {out.drafts[name].model.target_layer_ids})")
     return out
+
+
+def check_frozen(verifier_dir, draft_dir, dtype: str) -> None:
+    """Refuse a draft whose frozen parts (embeddings, heads, verifier norm) are not this verifier's tensors: the
+    loop's own check (`load_draft`), on the CPU. A verifier of the same shapes but other weights (another
+    fine-tune) passes `serving.pair_check.check_pair`, and vLLM would serve the draft against it, accepting little,
+    with nothing said. Notebook 05's servers take drafts its loop loaded with this check already; `draftlab serve`
+    calls it."""
+    from draftlab.data.verifier import load_verifier
+
+    load_draft(draft_dir, load_verifier(verifier_dir, device="cpu", dtype=dtype))

@@ -2,7 +2,7 @@
 the paired comparisons, acceptance against context depth, and the sample size each profile reached.
 
 The loop's generations and vLLM's per-request figures both become step tables (`intervals.step_table`,
-`serving.workload.step_table`), so the two engines are tabled by the same code, and a comparison is made
+`acceptance.workload.step_table`), so the two engines are tabled by the same code, and a comparison is made
 on the same prompts in the same order (`intervals.paired`).
 """
 
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from draftlab.acceptance.depth import by_depth, depth_edges
 from draftlab.acceptance.intervals import PER_REQUEST, POOLED, SAME, estimate, paired, sample_size, step_table
+from draftlab.families import taken
 
-PAIRS = (("eagle3", "ngram"), ("dflash", "eagle3"))  # what each draft is weighed against, on the same prompts
+# what each draft is weighed against, on the same prompts: EAGLE-3 against prompt lookup, every other family against it
+PAIRS = (("eagle3", "ngram"), *((k, "eagle3") for k in taken() if k != "eagle3"))
 
 
 def ci(e: dict, digits: int = 3) -> str:

@@ -24,6 +24,7 @@ from draftlab import DraftlabError
 from draftlab.data import manifest
 from draftlab.data.hooks import hidden_states
 from draftlab.data.verifier import check_token_ids
+from draftlab.families import family
 from draftlab.progress import progress_bar
 from draftlab.writes import writing
 
@@ -31,14 +32,8 @@ FORMAT = "draftlab-hidden-states/1"
 
 
 def default_layer_ids(num_layers: int, kind: str = "eagle3", n: int = 5) -> list[int]:
-    """EAGLE-3: speculators' default [2, L//2, L-3]. DFlash: n ids spread evenly over the depth."""
-    if kind == "eagle3":
-        ids = [2, num_layers // 2, num_layers - 3]
-    elif kind == "dflash":
-        ids = sorted({round(1 + i * (num_layers - 3) / (n - 1)) for i in range(n)})
-    else:
-        raise DraftlabError(f"draft kind {kind!r} unknown; use 'eagle3' or 'dflash'.")
-    return validate_layer_ids(ids, num_layers, default=True)
+    """The aux layers family `kind` reads by default (`families.Family.default_layer_ids`), checked."""
+    return validate_layer_ids(family(kind).default_layer_ids(num_layers, n), num_layers, default=True)
 
 
 def validate_layer_ids(ids, num_layers: int, default: bool = False) -> list[int]:

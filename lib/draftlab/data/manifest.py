@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -19,27 +17,11 @@ from safetensors.torch import save as st_save
 
 from draftlab import DraftlabError
 from draftlab.files import json_fault, read_cache
-from draftlab.writes import writing
+from draftlab.writes import write_atomic
 
 NAME = "manifest.json"
 # Fields that must agree before data in a folder may be reused or extended.
 IDENTITY = ("verifier_fingerprint", "layer_ids", "dtype", "hidden_size")
-
-
-def write_atomic(path: Path, data: str | bytes, what: str = "a file written all or nothing", **kept) -> None:
-    """`data` at `path`, all or nothing: written under a name no other writer uses (two training
-    processes verify one split at once), then renamed over `path`. A full disk, a file-size limit or a
-    read-only folder is named with `what` (`writes.writing`, which `kept` is passed to)."""
-    path = Path(path)
-    with writing(path, what, **kept):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data.encode() if isinstance(data, str) else data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
 
 def read(folder: Path, redo: bool = False) -> dict | None:

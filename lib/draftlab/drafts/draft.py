@@ -1,12 +1,13 @@
-"""EAGLE-3 and DFlash drafts for any verifier, built through speculators' own training path.
+"""Drafts of every family draftlab takes (`families`), for any verifier, built through speculators' own training path.
 
-`build_eagle3(verifier, data)` / `build_dflash(verifier, data)` do what `speculators train` does
+`build_draft(kind, verifier, data)` (and `build_eagle3` / `build_dflash`) do what `speculators train` does
 before its first step (typed `TrainConfig`, `create_transformer_layer_config`, vocab mappings,
 `from_training_args`, `load_verifier_weights`), with every choice made out loud and checked:
 attention, loss, dtype, mask token, and after construction no NaN anywhere and the draft's
 embeddings, lm_head and verifier norm equal to the verifier's own tensors (`drafts.validate`).
 What speculators is handed (the verifier or its head-only view, stage 01's data, the layer shape,
-the mask token) is prepared in `drafts.inputs`; the forward a draft trains with is `training.forward`.
+the mask token) is prepared in `drafts.inputs`, what differs per family is its recipe (`drafts/<family>.py`); the
+forward a draft trains with is `drafts.forward`.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ from draftlab import DraftlabError
 from draftlab.data.extract import default_layer_ids, validate_layer_ids
 from draftlab.data.verifier import Verifier, load_verifier
 from draftlab.devices import pick_dtype
-from draftlab.drafts import norms
-from draftlab.drafts.inputs import _train_config, head_view, pick_mask_token, read_data, shape_source, used_ids
+from draftlab.drafts import forward, norms
+from draftlab.drafts.device import forward_is_compiled, pick_loss
+from draftlab.drafts.inputs import _train_config, head_view, read_data, shape_source
+from draftlab.drafts.recipe import recipe
 from draftlab.drafts.validate import check_layer_ids, check_typed, check_vocab, verify
-from draftlab.training import forward
-from draftlab.training.attention import pick_attention
-from draftlab.training.device import forward_is_compiled, pick_loss
+from draftlab.families import taken
+from draftlab.masks.attention import pick_attention
 
-KINDS = ("eagle3", "dflash")
+KINDS = tuple(taken())  # the families draftlab builds, trains and drafts
 
 
 @dataclass
@@ -52,7 +54,7 @@ class Draft:
         return self.model.fc.weight.device
 
     def forward(self, batch: dict, cast: bool = False, **overrides):
-        """This draft's `training.forward.forward`: speculators' training forward after draftlab's checks."""
+        """This draft's `drafts.forward.forward`: speculators' training forward after draftlab's checks."""
         return forward.forward(self, batch, cast, **overrides)
 
     def report(self) -> dict:
@@ -86,8 +88,7 @@ def build_draft(
     from speculators.train.cli import create_transformer_layer_config
     from transformers import PretrainedConfig
 
-    if kind not in KINDS:
-        raise DraftlabError(f"draft kind {kind!r} unknown; use one of {KINDS}.")
+    rec = recipe(kind)  # an unknown or refused family is refused here, by name
     check_typed(
         layer_config,
         PretrainedConfig,
@@ -158,14 +159,9 @@ def build_draft(
         draft_attn_impl=impl,
         loss_implementation=loss_impl,
     )
-    if kind == "dflash":
-        used = used_ids(data) if data is not None else None
-        flat.update(block_size=block_size, mask_token_id=None)
-        flat["mask_token_id"], why = pick_mask_token(v, path, mask_token_id, used)
-        choices["mask token"] = (
-            f"{flat['mask_token_id']} {v.tokenizer.convert_ids_to_tokens(flat['mask_token_id'])!r}",
-            why,
-        )
+    extra, extra_choices = rec.build_options(v, path, data, {"block_size": block_size, "mask_token_id": mask_token_id})
+    flat.update(extra)
+    choices.update(extra_choices)
     cfg = _train_config(kind, path, **{k: val for k, val in flat.items() if val is not None})
     args = cfg.flatten()
     with shape_source(path, v) as src:
@@ -191,6 +187,12 @@ def build_draft(
     draft = Draft(model, kind, v, cfg, train_kwargs, choices, build_args)
     verify(draft)
     return draft
+
+
+def build_from_profile(kind: str, verifier, data, cfg, **kw) -> Draft:
+    """`build_draft` with the family's own profile keys (`recipe.profile_args`: layers, block size, mask token) from
+    the stage config `cfg`, and `kw` (what every family shares: vocabulary, attention, loss)."""
+    return build_draft(kind, verifier, data, **recipe(kind).profile_args(cfg), **kw)
 
 
 def build_eagle3(verifier="smollm2", data=None, **kw) -> Draft:

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 import torch
 
 from draftlab.drafts.draft import Draft
-from draftlab.training.attention import eager_flex
+from draftlab.drafts.recipe import recipe
+from draftlab.masks.attention import eager_flex
 
 
 def parameter_table(model: torch.nn.Module) -> list[dict]:
@@ -34,7 +35,7 @@ def parameter_table(model: torch.nn.Module) -> list[dict]:
 
 def first_agreement(draft: Draft, metrics: dict) -> float:
     """Share of supervised positions where the draft's first proposal is the verifier's argmax."""
-    key = "full_acc_0" if draft.kind == "eagle3" else "position_1_acc"
+    key = recipe(draft.kind).first_key
     return float(metrics[f"{key}_sum"] / metrics[f"{key}_total"].clamp(min=1))
 
 

@@ -10,11 +10,16 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.drafts import norms
-from draftlab.training.attention import check_mask
-from draftlab.training.checkpoint import nan_parameters
+from draftlab.masks.attention import check_mask
 
 if TYPE_CHECKING:
     from draftlab.drafts.draft import Draft
+
+
+def nan_parameters(model: torch.nn.Module) -> list[str]:
+    """Names of floating parameters or buffers holding any NaN (speculators' 'not loaded' marker)."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return [n for n, t in named if t.is_floating_point() and bool(torch.isnan(t).any())]
 
 
 def check_layer_ids(layer_ids: list[int], data_ids: list[int] | None) -> None:

@@ -54,7 +54,7 @@ def document_lengths(seq_len: int, docs: int, fill: float = 0.9, seed: int = 0) 
 def synthetic_pack(lengths: list[int], total_len: int, prompt_share: float = 0.4) -> dict:
     """A packed batch made by speculators' own CollateFn (`training.data.collate`, as training packs),
     from documents of the given lengths."""
-    from draftlab.training.data import collate
+    from draftlab.data.packing import collate
 
     samples = []
     for n in lengths:
@@ -76,7 +76,7 @@ def real_pack(datapath, total_len: int, start: int = 0) -> dict:
     """A packed batch of the stage-01 dataset, exactly as training packs it."""
     from pathlib import Path
 
-    from draftlab.training.data import collate, rows
+    from draftlab.data.packing import collate, rows
 
     if not (Path(datapath) / "dataset_info.json").exists():
         raise DraftlabError(f"No stage-01 dataset at {datapath}: run notebook 01 (or `draftlab run --only 01`) first.")

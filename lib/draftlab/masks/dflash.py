@@ -14,6 +14,8 @@ from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
 from draftlab.masks.common import MaskView, demo, demo_pack, demo_parser, doc_bounds
 
+PACK_WHOLE_FLEX_BLOCKS = False  # the anchor blocks' BlockMask is built once, for the pack as it is
+
 
 def generate_dflash_anchors(loss_mask: torch.Tensor, n_anchors: int, block_size: int, seed: int = 0, device="cpu"):
     """(anchors, anchor_valid): speculators' `select_anchors` over the supervised positions, seeded."""
@@ -83,6 +85,13 @@ def dflash_mask(
             "flex_block": flex_block,
         },
     )
+
+
+def views(pack: dict, cfg, device="cpu") -> list[tuple[str, MaskView]]:
+    """Notebook 02's figure for DFlash over a real pack: its anchor blocks, anchors drawn with the profile's seed."""
+    doc, loss = pack["document_ids"][0], pack["loss_mask"]
+    view = dflash_mask(doc, loss, cfg.n_anchors, cfg.dflash_block_size, cfg.flex_block, seed=cfg.seed, device=device)
+    return [("dflash", view)]
 
 
 def main(argv=None) -> None:

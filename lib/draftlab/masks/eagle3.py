@@ -15,6 +15,10 @@ from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
 from draftlab.masks.common import MaskView, check_block_lengths, demo, demo_pack, demo_parser, doc_bounds
 
+# Under flex, speculators extends the BlockMask once per TTT step (`extend_mask_for_draft_tokens`) from block counts:
+# a pack must be whole flex blocks long (`masks.packing.pack_length`).
+PACK_WHOLE_FLEX_BLOCKS = True
+
 
 def generate_eagle3_mask_mod(document_ids: torch.Tensor):
     """mask_mod over keys [packed sequence | one block of L per TTT step] (speculators' create_combined_mask_mod)."""
@@ -64,6 +68,12 @@ def eagle3_mask(document_ids: torch.Tensor, ttt_step: int = 0, flex_block: int =
         doc_bounds(doc),
         {"document_ids": doc, "flex_block": flex_block},
     )
+
+
+def views(pack: dict, cfg, device="cpu") -> list[tuple[str, MaskView]]:
+    """Notebook 02's figures for EAGLE-3 over a real pack: (file name, mask) at each TTT step of the profile."""
+    doc = pack["document_ids"][0]
+    return [(f"eagle3_ttt{s}", eagle3_mask(doc, s, cfg.flex_block, device=device)) for s in range(cfg.ttt_steps)]
 
 
 def main(argv=None) -> None:

@@ -74,7 +74,7 @@ def kept_per_executable(name: str, exe, compute):
     data/cache/<name>: every probe of a vLLM environment imports vLLM or torch (seconds), and notebooks 01 and
     05 ask at every run. `compute` returns (answer, keep); an answer not kept (a failed probe) is asked again."""
     from draftlab.config import data_dir
-    from draftlab.data.manifest import write_atomic
+    from draftlab.writes import write_atomic
 
     cache, key = data_dir() / "cache" / name, f"{exe}@{os.stat(exe).st_mtime_ns}"
     known = json.loads(cache.read_text()) if cache.exists() else {}

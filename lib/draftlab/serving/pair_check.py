@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 
 from draftlab import DraftlabError
+from draftlab.families import FAMILIES
 
 FINAL = "RunLayout.final: data/runs/<dataset_name>/drafts/<run_name>/<kind>/final"
-METHODS = {"eagle3": "eagle3", "dflash": "dflash"}  # speculators_model_type -> vLLM's method
+METHODS = {n: f.vllm for n, f in FAMILIES.items() if f.vllm}  # speculators_model_type -> vLLM's method
 
 
 def draft_config(draft_dir: Path) -> dict:
@@ -31,8 +32,11 @@ def draft_config(draft_dir: Path) -> dict:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise DraftlabError(f"{path} cannot be read ({e}): re-run notebook 04 to write {FINAL} again.") from None
-    if not isinstance(cfg, dict) or cfg.get("speculators_model_type") not in METHODS:
-        kind = cfg.get("speculators_model_type") if isinstance(cfg, dict) else None
+    kind = cfg.get("speculators_model_type") if isinstance(cfg, dict) else None
+    if kind in FAMILIES and kind not in METHODS:
+        why = FAMILIES[kind].vllm_refused or FAMILIES[kind].refused
+        raise DraftlabError(f"{path} is a {kind!r} checkpoint, which vLLM does not serve: {why}")
+    if kind not in METHODS:
         raise DraftlabError(f"{path} is a {kind!r} checkpoint; draftlab serves {sorted(METHODS)}.")
     weights = Path(draft_dir) / "model.safetensors"
     if safetensors_fault(weights) is not None:
@@ -88,14 +92,3 @@ def speculative_config(verifier_dir, draft_dir, k: int) -> tuple[dict, dict]:
         "num_speculative_tokens": k,
     }
     return cfg, spec
-
-
-def check_frozen(verifier_dir, draft_dir, dtype: str) -> None:
-    """Refuse a draft whose frozen parts (embeddings, heads, verifier norm) are not this verifier's tensors: the
-    loop's own check (`proposers.load_draft`), on the CPU. A verifier of the same shapes but other weights (another
-    fine-tune) passes `check_pair`, and vLLM would serve the draft against it, accepting little, with nothing said.
-    Notebook 05's servers take drafts its loop loaded with this check already; `draftlab serve` calls it."""
-    from draftlab.acceptance.proposers import load_draft
-    from draftlab.data.verifier import load_verifier
-
-    load_draft(draft_dir, load_verifier(verifier_dir, device="cpu", dtype=dtype))

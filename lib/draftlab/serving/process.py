@@ -95,22 +95,22 @@ def stop_groups(procs: list[subprocess.Popen], grace_s: float = 30) -> None:
 
 
 def serve_forever(
-    verifier_dir, draft_dir, k: int = 5, dtype: str = "float32", device: str = "cpu", port: int = 8000
+    verifier_dir, draft_dir, k: int = 5, dtype: str = "float32", device: str = "cpu", port: int = 8000, *, check
 ) -> int:
     """`draftlab serve`: the same server in the foreground, logging to the terminal, until Ctrl-C or SIGTERM. Every
     fault draftlab can see is refused before vLLM starts: the draft's files, its fit to the verifier (shapes and
-    frozen tensors), the port, and the vLLM executable."""
+    frozen tensors: `check(verifier_dir, draft_dir, dtype)`, the loop's `acceptance.proposers.check_frozen`), the
+    port, and the vLLM executable."""
     import shlex
 
     from draftlab.serving.command import serve_command, server_env, unavailable
-    from draftlab.serving.pair_check import check_frozen
 
     cmd = serve_command(verifier_dir, draft_dir, k, dtype, device, port=port)  # the pair's files and shapes checked
     check_port(port)
     reason = unavailable()
     if reason:
         raise DraftlabError(reason)
-    check_frozen(verifier_dir, draft_dir, dtype)  # seconds: loads the verifier and the draft on the CPU
+    check(verifier_dir, draft_dir, dtype)  # seconds: loads the verifier and the draft on the CPU
     print(shlex.join(cmd), flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the server as Ctrl-C does
     proc = subprocess.Popen(cmd, env=server_env(), start_new_session=True, preexec_fn=die_with_parent)

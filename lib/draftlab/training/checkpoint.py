@@ -20,7 +20,9 @@ import numpy as np
 import torch
 
 from draftlab import DraftlabError
-from draftlab.training.device import inference
+from draftlab.drafts.device import inference
+from draftlab.drafts.recipe import recipe
+from draftlab.drafts.validate import nan_parameters
 from draftlab.writes import publish
 
 if TYPE_CHECKING:
@@ -42,8 +44,7 @@ def hparams(draft, settings: dict) -> dict:
         "attention": draft.attention,
         "dtype": str(draft.dtype).removeprefix("torch."),
     }
-    if draft.kind == "dflash":
-        out.update(block_size=int(cfg.block_size), mask_token_id=int(cfg.mask_token_id))
+    out.update(recipe(draft.kind).saved(cfg))
     out.update(settings)
     return out
 
@@ -61,12 +62,6 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])  # noqa: NPY002
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def nan_parameters(model: torch.nn.Module) -> list[str]:
-    """Names of floating parameters or buffers holding any NaN (speculators' 'not loaded' marker)."""
-    named = list(model.named_parameters()) + list(model.named_buffers())
-    return [n for n, t in named if t.is_floating_point() and bool(torch.isnan(t).any())]
 
 
 def save(
@@ -185,7 +180,7 @@ def reload_check(like: Draft, path: Path, batch: dict, options: dict | None = No
     (`device.inference`: on CUDA the compiled training graph, no second compile).
     The original is re-run rather than remembered: another code path (hooks under torch.compile)
     rounds differently in bf16, which is not a checkpoint fault."""
-    from draftlab.training.forward import forward
+    from draftlab.drafts.forward import forward
 
     again = reload(path, like)
     state = again.model.state_dict()
@@ -209,9 +204,9 @@ def compare(paths: dict, like: Draft, eval_dir: Path, settings) -> dict:
     is read at its last epoch: the same optimizer steps as a finished draftlab run (its checkpoint_best
     is chosen on speculators' own 10% split). `settings` (a `Settings`): the pack length and forward
     options both were trained with."""
+    from draftlab.drafts.forward import evaluate
     from draftlab.training import launch, train
     from draftlab.training.data import Packs, open_split
-    from draftlab.training.forward import evaluate
     from draftlab.training.settings import forward_options
 
     packs = Packs(like, open_split(like, eval_dir, settings.pack_len), settings.pack_len, 0)

@@ -5,59 +5,22 @@ Rows come from speculators' `ArrowDataset` (stage-01 folders), are grouped into 
 `CollateFn` (`collate`, which every stage that packs rows calls); EAGLE-3 gets speculators'
 `shift_batch`, as `speculators train` applies it. The sampler's order is a pure function of (seed,
 epoch), so the batch of global step *s* is found by walking the epochs' batch counts: a resume needs
-only the step number, no iterator state. The pack length is decided here too (`pack_length`): the
-flex BlockMask of EAGLE-3 only fits whole flex blocks.
+only the step number, no iterator state. The pack length is `masks.packing.pack_length`'s: the flex
+BlockMask of EAGLE-3 only fits whole flex blocks.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
 import torch
-from torch.nn.attention.flex_attention import create_block_mask
 
 from draftlab import DraftlabError
 from draftlab.data import manifest
-from draftlab.training.attention import FLEX
-
-# The block speculators' BlockMasks are built with: it calls create_block_mask without BLOCK_SIZE,
-# so torch's default for that parameter (torch keeps the constant itself private).
-FLEX_BLOCK = inspect.signature(create_block_mask).parameters["BLOCK_SIZE"].default
-
-
-def rows(folder: Path, max_len: int, dtype: torch.dtype, online=None):
-    """speculators' ArrowDataset over a stage-01 split: rows cut at `max_len` tokens, hidden states in `dtype`;
-    with `online` (`training.online.Online`) each row's states come from vLLM as it is read, none from disk."""
-    from speculators.train.data import ArrowDataset
-
-    if online is None:
-        return ArrowDataset(max_len=max_len, datapath=str(folder), on_missing="raise", hidden_states_dtype=dtype)
-    from speculators.train.data import FileTransfer  # its default transfer (hs_connectors'), on another folder
-
-    from draftlab.serving.command import SERVED_NAME
-
-    return ArrowDataset(
-        max_len=max_len,
-        datapath=str(folder),
-        transfer=FileTransfer(online.no_cache),
-        vllm_endpoint=online.endpoint,
-        on_missing="generate",
-        hidden_states_dtype=dtype,
-        model=SERVED_NAME,
-    )
-
-
-def collate(items: list, length: int, hidden_size: int, n_layers: int, dtype: torch.dtype, shift: bool = False) -> dict:
-    """Rows of `rows` packed into one [1, length, ...] batch by speculators' CollateFn, as training packs
-    them; `shift=True` first applies EAGLE-3's `shift_batch`, as `speculators train` does."""
-    from speculators.train.data import CollateFn
-
-    preprocess = None
-    if shift:
-        from speculators.models.eagle3.data import shift_batch as preprocess
-    return CollateFn(length, hidden_size, n_layers, dtype, preprocess=preprocess)(items)
+from draftlab.data.packing import collate, rows
+from draftlab.drafts.recipe import recipe
+from draftlab.masks.packing import pack_length
 
 
 def open_split(draft, folder: Path, pack_len: int, online=None):
@@ -137,7 +100,7 @@ class Packs:
             draft.verifier.hidden_size,
             len(draft.model.target_layer_ids),
             draft.dtype,
-            draft.kind == "eagle3",
+            recipe(draft.kind).shift,
         )
         self._epochs: dict[int, list] = {}
 
@@ -188,53 +151,3 @@ class Packs:
         """Every pack of epoch 0 (a fixed order, so evaluations are comparable), at most `limit`."""
         for indices in self.epoch(0)[:limit]:
             yield self.batch(indices)
-
-
-def tokens(batch: dict) -> int:
-    return int((batch["document_ids"] != -1).sum())
-
-
-def supervised(batch: dict) -> int:
-    return int(torch.as_tensor(batch["loss_mask"]).sum())
-
-
-def pack_length(max_len: int, kind: str, attn_impl: str) -> tuple[int, str]:
-    """The length to pack batches to, and why.
-
-    EAGLE-3 under flex attention extends its BlockMask once per TTT step with
-    `extend_mask_for_draft_tokens`, which rebuilds it from block counts: its lengths become whole
-    multiples of the flex block (128). A pack of 8191 tokens then meets a mask made for 8192
-    ("block_mask was created for a larger length"). Padding the pack to a multiple of the block
-    makes both agree; the padded tail has document id -1 and no loss.
-    """
-    if kind == "eagle3" and attn_impl == FLEX and max_len % FLEX_BLOCK:
-        padded = -(-max_len // FLEX_BLOCK) * FLEX_BLOCK
-        return padded, f"EAGLE-3 + flex: {max_len} padded to {padded}, a multiple of the {FLEX_BLOCK}-token flex block"
-    return (
-        max_len,
-        "no padding needed" if kind != "eagle3" or attn_impl != FLEX else f"already a multiple of {FLEX_BLOCK}",
-    )
-
-
-def check_pack(batch: dict, kind: str, attn_impl: str) -> None:
-    n = batch["input_ids"].shape[1]
-    want, _ = pack_length(n, kind, attn_impl)
-    if want != n:
-        raise DraftlabError(
-            f"A pack of {n} tokens fails EAGLE-3 with flex attention (its extended BlockMask covers {want}); "
-            f"collate with max_len={want} (draftlab.training.data.pack_length) or pad with pad_batch(batch, {want})."
-        )
-
-
-def pad_batch(batch: dict, length: int) -> dict:
-    """Right-pad a packed [1, T, ...] batch to `length`: zeros, document id -1, no loss."""
-    out = dict(batch)
-    for key, t in batch.items():
-        if not torch.is_tensor(t) or t.dim() < 2 or t.shape[1] >= length:
-            continue
-        fill = -1 if key == "document_ids" else 0
-        pad = t.new_full((t.shape[0], length - t.shape[1], *t.shape[2:]), fill)
-        if key == "position_ids":
-            pad = torch.arange(t.shape[1], length, device=t.device, dtype=t.dtype).expand(t.shape[0], -1)
-        out[key] = torch.cat([t, pad], dim=1)
-    return out

@@ -47,9 +47,10 @@ from pathlib import Path
 import torch
 
 from draftlab import DraftlabError
-from draftlab.training.attention import FLEX
-from draftlab.training.data import pack_length
-from draftlab.training.device import pick_loss
+from draftlab.drafts.device import pick_loss
+from draftlab.drafts.recipe import recipe
+from draftlab.masks.attention import FLEX
+from draftlab.masks.packing import pack_length
 
 MAX_SAVES = 4  # speculators keeps every save (optimizer state included); draftlab keeps 2
 NUM_WORKERS = 4  # per loader; the validation loader starts as many again
@@ -161,12 +162,7 @@ def speculators_flags(
         flags.update({"on-missing": "generate", "vllm-endpoint": vllm_endpoint, "hidden-states-path": no_cache})
     if (train / f"d2t-{n}.npy").exists():
         flags.update({"d2t-path": train / f"d2t-{n}.npy", "t2d-path": train / f"t2d-{n}.npy"})
-    if draft.kind == "eagle3":
-        flags.update({"ttt-steps": s.ttt_steps, "ttt-step-loss-decay": s.ttt_step_loss_decay})
-    else:
-        flags.update(
-            {"block-size": cfg["block_size"], "max-anchors": s.n_anchors, "mask-token-id": cfg["mask_token_id"]}
-        )
+    flags.update(recipe(draft.kind).torchrun_flags(s, cfg))
     out = []
     for key, value in flags.items():
         out += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]

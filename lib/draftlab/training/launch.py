@@ -14,8 +14,8 @@ from pathlib import Path
 from draftlab import DraftlabError
 from draftlab.files import json_fault, safetensors_fault
 from draftlab.layout import dataset_and_folder
-from draftlab.training.attention import FLEX
-from draftlab.training.data import pack_length
+from draftlab.masks.attention import FLEX
+from draftlab.masks.packing import pack_length
 from draftlab.training.flags import NUM_WORKERS, epoch_steps, speculators_flags
 from draftlab.training.settings import check_count, checked
 

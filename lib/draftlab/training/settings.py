@@ -83,11 +83,11 @@ def checked(settings, what: str) -> Settings:
 
 
 def forward_options(kind: str, s: Settings) -> dict:
-    """Per-kind forward options from the settings (TTT steps and decay, or DFlash anchors): passed to
-    every training and evaluation forward, on top of the draft's own `train_kwargs`, which stay as built."""
-    if kind == "eagle3":
-        return {"ttt_steps": s.ttt_steps, "ttt_step_loss_decay": s.ttt_step_loss_decay}
-    return {"max_anchors": s.n_anchors}
+    """Per-family forward options from the settings (TTT steps and decay, or anchors: the family's recipe): passed
+    to every training and evaluation forward, on top of the draft's own `train_kwargs`, which stay as built."""
+    from draftlab.drafts.recipe import recipe
+
+    return recipe(kind).forward_options(s)
 
 
 def optimizer_and_schedule(draft, s: Settings):

@@ -1,7 +1,7 @@
 """Stage 04: short training runs of a draft on stage-01 data, on CPU or one GPU, with resume.
 
 A thin loop around speculators' pieces (its dataset, packing sampler and collate in `training.data`,
-the model's own losses and metrics through `training.forward`, `build_optimizers` for AdamW and
+the model's own losses and metrics through `drafts.forward`, `build_optimizers` for AdamW and
 transformers' cosine schedule with warm-up as `speculators train` uses, in `training.settings`):
 what it adds is what a notebook needs, a
 JSONL of metrics per step, held-out evaluation, checkpoints vLLM can load, an exact resume (or an
@@ -23,12 +23,14 @@ from pathlib import Path
 import torch
 
 from draftlab import DraftlabError
+from draftlab.drafts.forward import evaluate, forward, normalise
+from draftlab.drafts.recipe import recipe
 from draftlab.layout import RunLayout, dataset_and_folder
+from draftlab.masks.packing import tokens
 from draftlab.training import checkpoint as ckpt
-from draftlab.training.data import Packs, open_split, require_states, tokens
-from draftlab.training.device import loader_workers
-from draftlab.training.forward import evaluate, forward, normalise
+from draftlab.training.data import Packs, open_split, require_states
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
+from draftlab.training.loaders import loader_workers
 from draftlab.training.lock import run_lock
 from draftlab.training.online import states_for
 from draftlab.training.settings import CADENCE, SOURCE, Settings, checked, forward_options, optimizer_and_schedule
@@ -174,14 +176,12 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
 
 def first_accuracy(kind: str, record: dict) -> float:
     """Share of supervised positions where the draft's first proposal is the verifier's argmax."""
-    return float(record.get("full_acc_0" if kind == "eagle3" else "position_1_acc", math.nan))
+    return float(record.get(recipe(kind).first_key, math.nan))
 
 
 def position_accuracies(kind: str, record: dict) -> dict[int, float]:
-    """Accuracy per drafted position, 1-based: EAGLE-3's TTT steps, DFlash's block positions."""
-    if kind == "eagle3":
-        return {int(k.split("_")[2]) + 1: v for k, v in record.items() if k.startswith("full_acc_")}
-    return {int(k.split("_")[1]): v for k, v in record.items() if k.startswith("position_") and k.endswith("_acc")}
+    """Accuracy per drafted position, 1-based: EAGLE-3's TTT steps, DFlash's block positions (the family's recipe)."""
+    return recipe(kind).position_accuracies(record)
 
 
 def summary(kind: str, records: list[dict]) -> dict:

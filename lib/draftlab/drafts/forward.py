@@ -12,9 +12,9 @@ import time
 import torch
 
 from draftlab import DraftlabError
-from draftlab.training.attention import attention_settings, require_impl
-from draftlab.training.data import check_pack, pack_length, pad_batch, tokens
-from draftlab.training.device import inference
+from draftlab.drafts.device import inference
+from draftlab.masks.attention import attention_settings, require_impl
+from draftlab.masks.packing import check_pack, pack_length, pad_batch, tokens
 
 INPUTS = ("hidden_states", "input_ids", "loss_mask", "verifier_last_hidden_states", "document_ids", "position_ids")
 

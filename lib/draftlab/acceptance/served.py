@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftlab import DraftlabError
-from draftlab.serving import workload
-from draftlab.serving.compare import checks, greedy_rows, speed_rows, tau_rows, warn_on_gaps
+from draftlab.acceptance import workload
+from draftlab.acceptance.compare import checks, greedy_rows, speed_rows, tau_rows, warn_on_gaps
+from draftlab.acceptance.together import Launched, launch, wait_all
 from draftlab.serving.counters import loop_unconditional, served_metrics
 from draftlab.serving.pair_check import aux_layer_ids
 from draftlab.serving.server import Server
-from draftlab.serving.together import Launched, launch, wait_all
 
 
 def measure(

@@ -4,7 +4,7 @@ A flex-attention `BlockMask` only means something to flex attention; sdpa and ea
 mask. speculators picks its mask builder from the transformer config's `_attn_implementation`
 and fills in flex when it is None, which fails on CPU (no backward there in this torch). draftlab
 picks explicitly: flex on CUDA, sdpa with a dense boolean mask on CPU, and says why. The choice is
-made when a draft is built and checked again at every training forward (`training.forward`).
+made when a draft is built and checked again at every training forward (`drafts.forward`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def require_impl(impl: str | None) -> str:
     if impl is None:
         raise DraftlabError(
             "_attn_implementation is unset (None): speculators would silently default to flex attention, "
-            "which has no backward on CPU. Set it explicitly, e.g. draftlab.training.attention.pick_attention(device)."
+            "which has no backward on CPU. Set it explicitly, e.g. draftlab.masks.attention.pick_attention(device)."
         )
     if impl not in ALIASES.values():
         raise DraftlabError(f"_attn_implementation={impl!r} is not one draftlab supports: {FLEX}, sdpa or eager.")
@@ -77,7 +77,7 @@ def check_mask(impl: str | None, mask) -> None:
     if isinstance(mask, BlockMask) and impl != FLEX:
         raise DraftlabError(
             f"A flex-attention BlockMask was handed to {impl}, which needs a dense mask. Build it with "
-            f"draftlab.training.attention.mask_builder({impl!r}) (torch's create_mask), or use flex attention on CUDA."
+            f"draftlab.masks.attention.mask_builder({impl!r}) (torch's create_mask), or use flex attention on CUDA."
         )
     if impl == FLEX and not isinstance(mask, BlockMask):
         raise DraftlabError(

@@ -1,0 +1,75 @@
+"""DFlash at stage 05: a block drafted in one pass after the last committed token, as it trained."""
+
+from __future__ import annotations
+
+import torch
+
+from draftlab import DraftlabError
+from draftlab.acceptance import draft_masks
+from draftlab.acceptance.model_proposers import ModelProposer
+from draftlab.acceptance.proposers import Proposal
+
+
+class DFlashProposer(ModelProposer):
+    """DFlash block drafting, as speculators trains it: one block [anchor, mask, ..., mask] at positions
+    anchor..anchor+B-1, where the anchor is the last committed token; its queries attend the fc-projected
+    verifier aux states of the positions before the anchor (those in the window, in a sliding layer) and
+    the block itself (causally in a sliding layer unless `sliding_window_non_causal`).
+    Slot i predicts the token at anchor+i, so slots 1..k are the draft, all from one draft pass.
+    No draft KV cache: the committed context is kept projected and re-attended each step (nothing
+    speculative is stored, so nothing to roll back); at most B-1 tokens per step."""
+
+    kind = "dflash"
+
+    def __init__(self, model, target_vocab: int):
+        if model.config.sample_from_anchor:
+            raise DraftlabError(
+                f"{self.kind} draft trained with sample_from_anchor=True (its anchor slot predicts too): this proposer "
+                "drafts slots 1.. after the anchor only. Train with sample_from_anchor=False (speculators' DFlash "
+                "default)."
+            )
+        super().__init__(model, target_vocab)
+
+    def reset(self, prompt_ids):
+        hidden = self.model.config.transformer_layer_config.hidden_size
+        self.ctx = torch.empty(0, hidden, device=self.device, dtype=self.model.fc.weight.dtype)
+
+    def update(self, aux, n_kept):
+        self.ctx = torch.cat(
+            [self.ctx, self.model.hidden_norm(self.model.fc(aux[:n_kept].to(self.device, self.ctx.dtype)))]
+        )
+
+    def block_logits(self, anchor: int) -> torch.Tensor:
+        """[B, draft vocab] logits of the block anchored at the last committed token `anchor`."""
+        m, n, size = self.model, len(self.ctx), self.model.block_size
+        block = torch.tensor([[anchor] + [m.mask_token_id] * (size - 1)], device=self.device)
+        h = m.embed_tokens(block)
+        pos = torch.arange(n + size, device=self.device)[None]  # context 0..n-1, block n..n+B-1
+        emb = m.rotary_emb(h, pos)
+        for layer, mask in zip(m.layers, draft_masks.dflash(m, n, h.dtype), strict=True):
+            h = layer(
+                target_hidden=self.ctx[None],
+                hidden_states=h,
+                attention_mask=mask,
+                position_ids=pos,
+                position_embeddings=emb,
+            )
+        return m.lm_head(m.norm(h))[0]
+
+    @torch.no_grad()
+    def propose(self, ids, k, temperature, generator):
+        if len(self.ctx) != len(ids) - 1:
+            raise DraftlabError(
+                f"DFlash proposer out of step: {len(self.ctx)} context "
+                f"states for {len(ids)} tokens; call reset(prompt) first."
+            )
+        logits = self.block_logits(ids[-1])[1 : 1 + min(k, self.model.block_size - 1)].float()
+        if temperature == 0:
+            idx = logits.argmax(-1)
+            return Proposal((idx + self.d2t[idx]).tolist())
+        q = torch.softmax(logits / temperature, -1)  # block slots are drawn independently
+        idx = torch.multinomial(q, 1, generator=generator)[:, 0]
+        return Proposal((idx + self.d2t[idx]).tolist(), self._to_target(q))
+
+
+PROPOSER = DFlashProposer

@@ -1,0 +1,105 @@
+"""What stages 03 and 04 know of a draft family, looked up by name: `recipe(kind)`.
+
+A family's module (`drafts/<name>.py`) holds its `RECIPE`, made from one of the two layouts here
+(`families.LAYOUTS`) with the family's own differences. Stage code asks the recipe, never the family's
+name: which profile keys shape it, what `build_draft` hands speculators beyond the shared options (and
+why), the forward options of training and evaluation, `speculators train`'s per-family flags, what a
+checkpoint records so a resume refuses another shape, what a saved model says about how it was
+trained, and which of the forward's metrics hold the accuracy of each drafted position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftlab.families import family, stage_module
+
+
+@dataclass(frozen=True)
+class Chain:
+    """EAGLE-3's layout: one token per step, training unrolls `ttt_steps` steps over a shifted pack."""
+
+    name: str
+    shift: bool = True  # speculators' `shift_batch` (eagle3/data.py) before collation, as `speculators train` does
+
+    def profile_args(self, cfg) -> dict:
+        """build_draft's arguments from a stage config (the profile's keys)."""
+        return {"num_layers": cfg.draft_layers}
+
+    def build_options(self, verifier, path, data, given: dict) -> tuple[dict, dict]:
+        """(flat TrainConfig options beyond the shared ones, {what: (choice, why)}) for build_draft."""
+        return {}, {}
+
+    def forward_options(self, s) -> dict:
+        return {"ttt_steps": s.ttt_steps, "ttt_step_loss_decay": s.ttt_step_loss_decay}
+
+    def torchrun_flags(self, s, cfg: dict) -> dict:
+        return {"ttt-steps": s.ttt_steps, "ttt-step-loss-decay": s.ttt_step_loss_decay}
+
+    def saved(self, config) -> dict:
+        """Fields of the model config a checkpoint records beside the shared ones (a resume checks them)."""
+        return {}
+
+    def loaded(self, model) -> dict:
+        """Flat TrainConfig options a saved model was trained with, for its forward's trainer kwargs."""
+        return {
+            "target_layer_ids": model.target_layer_ids,
+            "ttt_steps": model.config.speculators_config.proposal_methods[0].speculative_tokens,
+        }
+
+    first_key = "full_acc_0"  # the forward's metric: first drafted position's accuracy
+
+    def position_accuracies(self, record: dict) -> dict[int, float]:
+        """Accuracy per drafted position (1-based) from one metrics record: the TTT steps."""
+        return {int(k.split("_")[2]) + 1: v for k, v in record.items() if k.startswith("full_acc_")}
+
+
+@dataclass(frozen=True)
+class Block:
+    """DFlash's layout: a block of positions after an anchor in one forward, anchors sampled in the pack."""
+
+    name: str
+    shift: bool = False
+
+    def profile_args(self, cfg) -> dict:
+        return {
+            "num_layers": cfg.dflash_layers,
+            "block_size": cfg.dflash_block_size,
+            "mask_token_id": cfg.mask_token_id,
+        }
+
+    def build_options(self, verifier, path, data, given: dict) -> tuple[dict, dict]:
+        """The block size given (None: speculators' default for the family) and a mask token for the block's
+        unknown positions: `inputs.pick_mask_token` says which and why."""
+        from draftlab.drafts.inputs import pick_mask_token, used_ids
+
+        used = used_ids(data) if data is not None else None
+        token, why = pick_mask_token(verifier, path, given.get("mask_token_id"), used)
+        flat = {"mask_token_id": token}
+        if given.get("block_size") is not None:
+            flat["block_size"] = given["block_size"]
+        return flat, {"mask token": (f"{token} {verifier.tokenizer.convert_ids_to_tokens(token)!r}", why)}
+
+    def forward_options(self, s) -> dict:
+        return {"max_anchors": s.n_anchors}
+
+    def torchrun_flags(self, s, cfg: dict) -> dict:
+        return {"block-size": cfg["block_size"], "max-anchors": s.n_anchors, "mask-token-id": cfg["mask_token_id"]}
+
+    def saved(self, config) -> dict:
+        return {"block_size": int(config.block_size), "mask_token_id": int(config.mask_token_id)}
+
+    def loaded(self, model) -> dict:
+        return {}
+
+    first_key = "position_1_acc"
+
+    def position_accuracies(self, record: dict) -> dict[int, float]:
+        """Accuracy per drafted position (1-based) from one metrics record: the block's positions."""
+        return {int(k.split("_")[1]): v for k, v in record.items() if k.startswith("position_") and k.endswith("_acc")}
+
+
+def recipe(kind: str):
+    """The `RECIPE` of family `kind` (`drafts/<kind>.py`); a family draftlab refuses is refused here by name."""
+    family(kind)
+    return stage_module("drafts", kind).RECIPE
