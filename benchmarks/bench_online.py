@@ -101,7 +101,8 @@ def main() -> None:
         train.train(d, data, s, run_dir=out, online=online)
         wall = time.perf_counter() - t0
         recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-        steps = [r for r in recs if r["split"] == "train"][args.skip :]
+        steps = [r for r in recs if r["split"] == "train"]
+        steps = steps[min(args.skip, len(steps) - 1) :]  # a short run keeps its last step at least
         results[name] = {
             "loader": d.choices["data loading"][0],
             "median tokens/s": statistics.median(r["tokens_per_s"] for r in steps),
