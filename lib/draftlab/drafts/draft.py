@@ -159,7 +159,8 @@ def build_draft(
         draft_attn_impl=impl,
         loss_implementation=loss_impl,
     )
-    extra, extra_choices = rec.build_options(v, path, data, {"block_size": block_size, "mask_token_id": mask_token_id})
+    given = {"block_size": block_size, "mask_token_id": mask_token_id, "attention": impl}  # a recipe may refuse impl
+    extra, extra_choices = rec.build_options(v, path, data, given)
     flat.update(extra)
     choices.update(extra_choices)
     cfg = _train_config(kind, path, **{k: val for k, val in flat.items() if val is not None})

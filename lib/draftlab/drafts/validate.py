@@ -50,9 +50,9 @@ def check_typed(value, expected: type, what: str, fix: str):
 
 def verify(draft: Draft, saved_dtype: torch.dtype | None = None) -> None:
     """No NaN left (speculators' marker for verifier weights it did not load), and the frozen parts
-    equal the verifier's tensors: embeddings, verifier norm, and lm_head rows picked by d2t. A draft
-    saved in another dtype than the verifier's is compared in `saved_dtype`: a precision change is not
-    another checkpoint."""
+    equal the verifier's tensors: embeddings (unless the config trains them, `embed_requires_grad`), verifier
+    norm, and lm_head rows picked by d2t. A draft saved in another dtype than the verifier's is compared in
+    `saved_dtype`: a precision change is not another checkpoint."""
     m, v = draft.model, draft.verifier
     nan = nan_parameters(m)
     if nan:
@@ -69,6 +69,8 @@ def verify(draft: Draft, saved_dtype: torch.dtype | None = None) -> None:
         "verifier_lm_head": (m.verifier_lm_head.weight, rows),
         "verifier_norm": (m.verifier_norm.weight, v.norm.weight),
     }
+    if getattr(m.config, "embed_requires_grad", False):  # trained (P-EAGLE's default: its mask token's row learns)
+        del pairs["embed_tokens"]
     cmp = saved_dtype or m.embed_tokens.weight.dtype
     bad = [n for n, (a, b) in pairs.items() if not torch.equal(a.to(cmp), b.to(a.device, cmp))]
     if not bad:
