@@ -112,6 +112,7 @@ def build_draft(
             f"draft dtype {name} (from dtype={dtype!r} on {dev}) differs from the verifier's {have}; build with "
             f"dtype={have!r}, or load the verifier with dtype={name!r}."
         )
+    draft_vocab_size, vocab_why = rec.vocab(v, draft_vocab_size)  # a family needing the full vocabulary says so
     data_ids, man, d2t, t2d = read_data(data, v, draft_vocab_size)
     if man and man.get("dtype") != name:
         raise DraftlabError(
@@ -147,7 +148,10 @@ def build_draft(
             if layer_ids is not None
             else "default",
         ),
-        "draft vocab": (n_vocab, "d2t/t2d from stage 01" if d2t is not None else "full verifier vocabulary"),
+        "draft vocab": (
+            n_vocab,
+            vocab_why or ("d2t/t2d from stage 01" if d2t is not None else "full verifier vocabulary"),
+        ),
         "dtype / device": (f"{name} / {dev}", "the verifier's, which is the stored hidden states' too"),
         "attention": (impl, impl_why),
         "loss": (loss_impl, loss_why),

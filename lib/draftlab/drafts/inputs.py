@@ -88,6 +88,8 @@ def read_data(
         )
     sizes = sorted(int(p.stem.split("-")[1]) for p in folder.glob("d2t-*.npy"))
     n = draft_vocab_size or (sizes[-1] if len(sizes) == 1 else None)
+    if draft_vocab_size == v.vocab_size and n not in sizes:  # the full vocabulary needs no mapping
+        return man["layer_ids"], man, None, None
     if n is None or n not in sizes:
         if draft_vocab_size is None and not sizes:
             return man["layer_ids"], man, None, None

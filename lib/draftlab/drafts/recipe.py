@@ -26,6 +26,11 @@ class Chain:
         """build_draft's arguments from a stage config (the profile's keys)."""
         return {"num_layers": cfg.draft_layers}
 
+    def vocab(self, verifier, requested: int | None) -> tuple[int | None, str | None]:
+        """(draft vocabulary size, why) from the one asked for (None: stage 01's mapping or the verifier's); a
+        family that cannot take a reduced vocabulary overrides it and says why (`build_draft` records it)."""
+        return requested, None
+
     def build_options(self, verifier, path, data, given: dict) -> tuple[dict, dict]:
         """(flat TrainConfig options beyond the shared ones, {what: (choice, why)}) for build_draft."""
         return {}, {}
@@ -67,6 +72,8 @@ class Block:
             "block_size": cfg.dflash_block_size,
             "mask_token_id": cfg.mask_token_id,
         }
+
+    vocab = Chain.vocab  # the same default: the size asked for
 
     def build_options(self, verifier, path, data, given: dict) -> tuple[dict, dict]:
         """The block size given (None: speculators' default for the family) and a mask token for the block's

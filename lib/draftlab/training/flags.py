@@ -164,6 +164,6 @@ def speculators_flags(
         flags.update({"d2t-path": train / f"d2t-{n}.npy", "t2d-path": train / f"t2d-{n}.npy"})
     flags.update(recipe(draft.kind).torchrun_flags(s, cfg))
     out = []
-    for key, value in flags.items():
+    for key, value in ((k, x) for k, x in flags.items() if x is not None):  # a recipe's None drops a shared flag
         out += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
     return out
