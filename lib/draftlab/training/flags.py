@@ -165,5 +165,8 @@ def speculators_flags(
     flags.update(recipe(draft.kind).torchrun_flags(s, cfg))
     out = []
     for key, value in ((k, x) for k, x in flags.items() if x is not None):  # a recipe's None drops a shared flag
-        out += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
+        if isinstance(value, bool):  # speculators' BooleanOptionalAction options take no value: --x / --no-x
+            out.append(f"--{key}" if value else f"--no-{key}")
+        else:
+            out += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
     return out
