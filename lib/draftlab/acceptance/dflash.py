@@ -41,6 +41,11 @@ class DFlashProposer(ModelProposer):
 
     def block_logits(self, anchor: int) -> torch.Tensor:
         """[B, draft vocab] logits of the block anchored at the last committed token `anchor`."""
+        return self.model.lm_head(self.block_hidden(anchor))
+
+    def block_hidden(self, anchor: int) -> torch.Tensor:
+        """[B, hidden]: the block's last-layer states after the final norm, what `lm_head` (and a family's extra
+        heads over the block, XPress's refiner) read."""
         m, n, size = self.model, len(self.ctx), self.model.block_size
         block = torch.tensor([[anchor] + [m.mask_token_id] * (size - 1)], device=self.device)
         h = m.embed_tokens(block)
@@ -54,7 +59,7 @@ class DFlashProposer(ModelProposer):
                 position_ids=pos,
                 position_embeddings=emb,
             )
-        return m.lm_head(m.norm(h))[0]
+        return m.norm(h)[0]
 
     @torch.no_grad()
     def propose(self, ids, k, temperature, generator):
