@@ -44,7 +44,8 @@ class DFlashProposer(ModelProposer):
         return self.model.lm_head(self.block_hidden(anchor))
 
     def block_hidden(self, anchor: int) -> torch.Tensor:
-        """[B, H] final-norm states of that block (what lm_head reads; a descendant's extra heads read them too)."""
+        """[B, hidden]: the block's last-layer states after the final norm, what `lm_head` (and a family's extra
+        heads over the block: DFlash-2's selector, XPress's refiner) read."""
         m, n, size = self.model, len(self.ctx), self.model.block_size
         block = torch.tensor([[anchor] + [m.mask_token_id] * (size - 1)], device=self.device)
         h = m.embed_tokens(block)

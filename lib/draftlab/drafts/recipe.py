@@ -5,7 +5,8 @@ A family's module (`drafts/<name>.py`) holds its `RECIPE`, made from one of the 
 name: which profile keys shape it, what `build_draft` hands speculators beyond the shared options (and
 why), the forward options of training and evaluation, `speculators train`'s per-family flags, what a
 checkpoint records so a resume refuses another shape, what a saved model says about how it was
-trained, and which of the forward's metrics hold the accuracy of each drafted position.
+trained, what a load must restore (`after_load`), and which of the forward's metrics hold the accuracy
+of each drafted position.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class Chain:
     def saved(self, config) -> dict:
         """Fields of the model config a checkpoint records beside the shared ones (a resume checks them)."""
         return {}
+
+    def after_load(self, model) -> None:
+        """Restore what speculators' `from_pretrained` leaves undone in a loaded model (nothing for this layout)."""
 
     def loaded(self, model) -> dict:
         """Flat TrainConfig options a saved model was trained with, for its forward's trainer kwargs."""
@@ -95,6 +99,9 @@ class Block:
 
     def saved(self, config) -> dict:
         return {"block_size": int(config.block_size), "mask_token_id": int(config.mask_token_id)}
+
+    def after_load(self, model) -> None:
+        pass
 
     def loaded(self, model) -> dict:
         return {}

@@ -145,12 +145,15 @@ def write_final(run_dir: Path, draft) -> Path:
 
 
 def load_model(path: Path, cls, attention: str, device, dtype) -> torch.nn.Module:
-    """A saved speculators draft of class `cls`; `_attn_implementation` is not serialised, so it is set again."""
+    """A saved speculators draft of class `cls`; `_attn_implementation` is not serialised, so it is set again, and
+    what `from_pretrained` leaves undone is restored by the family's recipe (`after_load`: XPress's refiner mask)."""
     from speculators import SpeculatorModel
 
     config = cls.config_class.from_pretrained(path)
     config.transformer_layer_config._attn_implementation = attention
-    return SpeculatorModel.from_pretrained(path, config=config).to(device=device, dtype=dtype)
+    model = SpeculatorModel.from_pretrained(path, config=config).to(device=device, dtype=dtype)
+    recipe(config.speculators_model_type).after_load(model)
+    return model
 
 
 def reload(path: Path, like: Draft) -> Draft:
