@@ -57,6 +57,8 @@ def test_online_training_gives_the_offline_losses_step_for_step(serve_verifier, 
         s = Settings(train_steps=4, pack_len=128, eval_every=2, checkpoint_every=4, warmup_steps=1, hidden_states=mode)
         runs[mode] = train(d, split_data, s, run_dir=tmp_path / mode, progress=False)
         assert d.choices["hidden states"][0] == mode
+    # online, the held-out split (kept whole by stage 01) is read from disk: the same packs at every evaluation
+    assert "eval: stage 01's files" in d.choices["hidden states"][1]
     off, on = _losses(runs["offline"]), _losses(runs["online"])
     assert [r[:2] for r in off] == [r[:2] for r in on] and len(off) == 6, "4 train steps and 2 evaluations each"
     # vLLM's fp32 states equal the hooks' within 1e-5 (test_extract_vllm); the losses follow them

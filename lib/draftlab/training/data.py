@@ -84,6 +84,21 @@ def require_states(ds, folder: Path) -> None:
         )
 
 
+def open_eval(draft, folder: Path, pack_len: int, online=None):
+    """The held-out split, read from stage 01's files wherever they hold every row (01 keeps eval whole in either
+    mode, `extract.rows_to_store`), else through `online`. Evaluation reads the same packs at every evaluation, so
+    making their states again each time buys nothing: on the H200 an online evaluation of the gpu profile's 1,214
+    eval rows took 140-150 s against a 0.05 s training step (BENCHMARKS.md, "Online hidden states")."""
+    if online is not None:
+        ds = open_split(draft, folder, pack_len)
+        try:
+            require_states(ds, folder)
+            return ds
+        except DraftlabError:
+            pass
+    return open_split(draft, folder, pack_len, online)
+
+
 class Packs:
     """Packs of one split in speculators' order: `indices(step)` for training, `all()` for eval."""
 

@@ -28,7 +28,7 @@ from draftlab.drafts.recipe import recipe
 from draftlab.layout import RunLayout, dataset_and_folder
 from draftlab.masks.packing import tokens
 from draftlab.training import checkpoint as ckpt
-from draftlab.training.data import Packs, open_split, require_states
+from draftlab.training.data import Packs, open_eval, open_split, require_states
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
 from draftlab.training.loaders import loader_workers
 from draftlab.training.lock import run_lock
@@ -93,7 +93,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
     train_packs = Packs(draft, open_split(draft, data / "train", s.pack_len, online), s.pack_len, s.seed)
     if online is None:
         require_states(train_packs.ds, data / "train")
-    eval_packs = Packs(draft, open_split(draft, data / "eval", s.pack_len, online), s.pack_len, 0)
+    eval_packs = Packs(draft, open_eval(draft, data / "eval", s.pack_len, online), s.pack_len, 0)
     run_dir.mkdir(parents=True, exist_ok=True)
     hp = ckpt.hparams(draft, {k: v for k, v in asdict(s).items() if k not in CADENCE + SOURCE})
     rows = data / "train" / "rows.fingerprint"
@@ -113,7 +113,15 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
     draft.choices["data loading"] = (f"{workers} loader processes" if workers else "in process", why)
     draft.choices["pack length"] = (train_packs.length, train_packs.why)
     draft.choices["hidden states"] = (
-        (s.hidden_states, f"made by vLLM as packs are read ({online.endpoint}); none kept on disk")
+        (
+            s.hidden_states,
+            f"train: made by vLLM as packs are read ({online.endpoint}), none kept on disk; eval: "
+            + (
+                "stage 01's files (the same packs at every evaluation)"
+                if eval_packs.ds.on_missing == "raise"
+                else "vLLM"
+            ),
+        )
         if online
         else (s.hidden_states, "stage 01's files")
     )
