@@ -32,6 +32,7 @@ class Family:
     refused: str | None = None  # why draftlab cannot take it (every stage says so, by name)
     vllm: str | None = None  # vLLM's speculative `method` serving it; None: vLLM does not (why: `vllm_refused`)
     vllm_refused: str | None = None  # vLLM's own words, where it cannot serve the family
+    vllm_options: tuple = ()  # further `--speculative-config` keys the family needs, as (key, value) pairs
 
     def default_layer_ids(self, num_layers: int, n: int = 5) -> list[int]:
         """Chain: speculators' EAGLE-3 default [2, L//2, L-3]. Block: n ids spread evenly over the depth."""
@@ -50,7 +51,14 @@ FAMILIES = {
             "one token per step from three aux layers, trained by training-time test",
             vllm="eagle3",
         ),
-        Family("peagle", "P-EAGLE", "chain", "EAGLE-3 drafting k tokens in one forward (mask tokens, parallel groups)"),
+        Family(
+            "peagle",
+            "P-EAGLE",
+            "chain",
+            "EAGLE-3 drafting k tokens in one forward (mask tokens, parallel groups)",
+            vllm="eagle3",  # vLLM has no "peagle" method: EAGLE-3 with parallel drafting, said out loud, since
+            vllm_options=(("parallel_drafting", True),),  # without it vLLM drafts a P-EAGLE one token a step, silently
+        ),
         Family(
             "dflash",
             "DFlash",
@@ -58,16 +66,40 @@ FAMILIES = {
             "a block of tokens in one forward after an anchor, block-diffusion style",
             vllm="dflash",
         ),
-        Family("dflash2", "DFlash-2", "block", "DFlash plus local dynamic convolutions and a candidate selector"),
-        Family("dspark", "DSpark", "block", "DFlash plus a Markov logit-bias head and a confidence head"),
-        Family("xpress", "XPress", "block", "DFlash plus a causal refiner resolved by Jacobi passes"),
+        Family(
+            "dflash2",
+            "DFlash-2",
+            "block",
+            "DFlash plus local dynamic convolutions and a candidate selector",
+            vllm_refused="vLLM 0.32 (CPU) says 'Model Runner V1 does not support: DFlash candidate-head drafts' (its "
+            "V2 runner needs Triton); vLLM 0.25 (CUDA) says 'Expected one of: {eagle3, peagle, dflash, dspark}'",
+        ),
+        Family(
+            "dspark",
+            "DSpark",
+            "block",
+            "DFlash plus a Markov logit-bias head and a confidence head",
+            vllm_refused="vLLM 0.32 (CPU) says 'Model Runner V1 does not support: dspark speculative decoding'; vLLM "
+            "0.25 (CUDA) serves `dspark` but always reads the block's first slot as the bonus token, the opposite of "
+            "speculators' default sample_from_anchor=True, so it would serve another layout than the one trained",
+        ),
+        Family(
+            "xpress",
+            "XPress",
+            "block",
+            "DFlash plus a causal refiner resolved by Jacobi passes",
+            vllm_refused="vLLM 0.32 and 0.25 say 'Expected one of: {eagle3, peagle, dflash, dflash2, dspark}. Please "
+            "ensure you're loading a speculators-format model.' (no XPress refiner in either)",
+        ),
         Family(
             "mtp",
             "MTP",
             None,
             "the verifier's own multi-token-prediction layers, fine-tuned",
-            refused="speculators' mtp drafts start from the verifier's own MTP layers (DeepSeek-V3, Qwen3-Next "
-            "style `num_nextn_predict_layers`); this verifier has none. Pick a family from draft_kinds' others.",
+            refused="speculators' mtp fine-tunes the verifier's own MTP layers (its words: 'No keys with prefix 'mtp.' "
+            "found', 'Unsupported MTP model type 'llama''): a verifier without them (no `num_nextn_predict_layers`, "
+            "as every verifier draftlab takes) has nothing to start from. Pick another family in draft_kinds.",
+            vllm_refused="vLLM serves MTP from the verifier's own checkpoint (method 'mtp', no draft folder)",
         ),
     )
 }

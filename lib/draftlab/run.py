@@ -229,15 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             from draftlab.data.verifier_dir import resolve_verifier
             from draftlab.serving.process import serve_forever
 
-            return serve_forever(
-                resolve_verifier(args.verifier),
-                args.draft,
-                args.k,
-                args.dtype,
-                args.device,
-                args.port,
-                check=check_frozen,
-            )
+            where = (resolve_verifier(args.verifier), args.draft)
+            return serve_forever(*where, args.k, args.dtype, args.device, args.port, check=check_frozen)
         run(
             args.profile,
             args.only.split(",") if args.only else None,

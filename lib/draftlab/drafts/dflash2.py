@@ -28,17 +28,7 @@ from dataclasses import dataclass
 
 from draftlab import DraftlabError
 from draftlab.drafts.recipe import Block
-
-SHAPE = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-
-
-def defaults() -> dict:
-    """speculators' own DFlash-2 defaults (its TrainConfig resolved for the family): window, block, conv, selector."""
-    from speculators.train.config.schema import TrainConfig
-
-    flat = TrainConfig(speculator_type="dflash2", verifier={"verifier_name_or_path": "."}).flatten()
-    keep = ("block_size", "sliding_window", "sliding_window_non_causal", *SHAPE)
-    return {k: flat[k] for k in keep}
+from draftlab.masks.dflash2 import SHAPE, defaults
 
 
 @dataclass(frozen=True)

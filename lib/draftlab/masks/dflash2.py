@@ -27,6 +27,18 @@ from draftlab.masks.dflash import generate_dflash_anchors
 PACK_WHOLE_FLEX_BLOCKS = False  # as DFlash: the anchor blocks' BlockMask is built once, for the pack as it is
 
 
+SHAPE = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def defaults() -> dict:
+    """speculators' own DFlash-2 defaults (its TrainConfig resolved for the family): window, block, conv, selector."""
+    from speculators.train.config.schema import TrainConfig
+
+    flat = TrainConfig(speculator_type="dflash2", verifier={"verifier_name_or_path": "."}).flatten()
+    keep = ("block_size", "sliding_window", "sliding_window_non_causal", *SHAPE)
+    return {k: flat[k] for k in keep}
+
+
 def _attention_intent(doc, anchors, size: int, window: int | None, non_causal: bool):
     """What DFlash-2 intends: block j sees the base tokens of its anchor's document strictly before the anchor,
     only the last `window` of them in a sliding layer, and its own block: all of it when bidirectional (always in a
@@ -188,8 +200,6 @@ def conv_mask(
 def views(pack: dict, cfg, device="cpu") -> list[tuple[str, MaskView]]:
     """Notebook 02's figures for DFlash-2 over a real pack: its sliding layers' mask (speculators' window and
     bidirectional block; the profile's block size and anchors) and its convolution's slot mixing."""
-    from draftlab.drafts.dflash2 import defaults
-
     d = defaults()
     doc, loss, size = pack["document_ids"][0], pack["loss_mask"], cfg.dflash_block_size
     att = dflash2_mask(

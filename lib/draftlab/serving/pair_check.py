@@ -90,5 +90,6 @@ def speculative_config(verifier_dir, draft_dir, k: int) -> tuple[dict, dict]:
         "method": METHODS[cfg["speculators_model_type"]],
         "model": str(Path(draft_dir).resolve()),
         "num_speculative_tokens": k,
+        **dict(FAMILIES[cfg["speculators_model_type"]].vllm_options),
     }
     return cfg, spec
