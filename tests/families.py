@@ -272,7 +272,7 @@ def drafts(v, run: Path) -> dict:
     return out
 
 
-def training(built: dict, run: Path) -> dict[str, Path]:
+def training(built: dict, run: Path, run_name: str = "families") -> dict[str, Path]:
     """Stage 04: two optimizer steps each (finite loss, weights moved), then final/ reloaded with identical outputs."""
     import math
 
@@ -285,7 +285,7 @@ def training(built: dict, run: Path) -> dict[str, Path]:
     finals = {}
     for kind, d in built.items():
         before = {n: p.detach().clone() for n, p in d.model.named_parameters() if p.requires_grad}
-        folder = train(d, RunLayout(run.name, "families", run.parents[2]), s, progress=False)  # run: data/runs/<name>
+        folder = train(d, RunLayout(run.name, run_name, run.parents[2]), s, progress=False)  # run: data/runs/<name>
         losses = [r["loss"] for r in read_metrics(folder)]
         assert len(losses) == 3 and all(math.isfinite(x) for x in losses), f"{kind}: losses {losses}"
         moved = [n for n, p in d.model.named_parameters() if n in before and not torch.equal(p, before[n])]
@@ -342,3 +342,41 @@ def served(v, run: Path) -> str:
     tau = counters.served_metrics(got["counts"])["tau"]
     assert abs(tau / mine["tau"] - 1) <= compare.GAP_WARN, f"vLLM tau {tau:.3f}, draftlab {mine['tau']:.3f}"
     return f"{OK} greedy identical, tau within {compare.GAP_WARN:.0%}"
+
+
+def draft_family(v, run: Path, kind: str) -> dict[str, str]:
+    """Issue 32: draft family `kind` on this verifier's stage-01 data through stages 03-05 (build, two steps and
+    reload, draftlab's loop equal to `generate`), then vLLM: served (greedy identical to the verifier's, drafts
+    counted) or refused before any server starts, in vLLM's words. Returns {stage: cell}; a refusal by name is a
+    cell, anything else raises."""
+    from draftlab import DraftlabError
+    from draftlab.acceptance import served as sv
+    from draftlab.acceptance.evaluate import verifier_greedy
+    from draftlab.drafts.draft import build_draft
+    from draftlab.families import family
+    from draftlab.serving.command import unavailable
+    from draftlab.serving.server import Server
+
+    torch.manual_seed(0)
+    try:
+        d = build_draft(kind, v, run / "train", num_layers=1, block_size=4)
+    except DraftlabError as e:
+        assert family(kind, take=False).refused and kind in str(e), e
+        return {"draft": f"refused: {family(kind, take=False).title}", "vLLM": "–"}
+    check_targets(d, run)
+    final = training({kind: d}, run, "draft-families")[kind]
+    loop(v, {kind: final})
+    cells = {"draft": OK, "train": OK, "loop": OK}
+    if unavailable():
+        return {**cells, "vLLM": f"no vLLM here: {unavailable()}"}
+    prompts = chat_prompts(v, TRAIN_TEXTS[:2])
+    try:
+        with Server(v.path, final, K, log_path=run / f"vllm-{kind}.log", max_model_len=256) as srv:
+            got = sv.workload(srv, prompts, N_NEW)
+    except DraftlabError as e:
+        why = family(kind).vllm_refused
+        assert why and why in str(e), e
+        return {**cells, "vLLM": "not served: " + why.split(" says ")[-1][:60]}
+    assert [o["token_ids"] for o in got["outputs"]] == [verifier_greedy(v, p["ids"], N_NEW) for p in prompts]
+    assert got["counts"]["drafts"] > 0, f"vLLM drafted nothing with the {kind} draft"
+    return {**cells, "vLLM": f"{OK} greedy identical"}

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from draftlab.families import FAMILIES as DRAFT_FAMILIES
 from draftlab.layout import RunLayout
 
-from families import CELLS, FAMILIES, OK, drafts, extraction, loop, refusal, served, training
+from families import CELLS, FAMILIES, OK, draft_family, drafts, extraction, loop, refusal, served, training
 
 ROOT = Path(__file__).resolve().parents[1]
 # `make test` serves every family (about a minute each); DRAFTLAB_FAMILIES_VLLM=one serves only the
@@ -186,3 +187,23 @@ def test_a_gemma_eagle3_draft_gets_the_gemma_norm_and_without_it_is_refused(home
         DraftlabError, match=r"verifier_norm \(LlamaRMSNorm\) holds verifier .* weight but computes another function"
     ):
         verify(d)
+
+
+NEW_FAMILIES = [k for k in DRAFT_FAMILIES if k not in ("eagle3", "dflash")]  # eagle3 and dflash: test_family above
+
+
+@pytest.mark.parametrize("kind", NEW_FAMILIES)
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_draft_family(name, kind, home, family_root):
+    """Issue 32: every draft family speculators trains, through extraction to served (or refused by name, in
+    speculators' or vLLM's words) on the Llama and Qwen3 verifiers."""
+    from draftlab.data.verifier import load_verifier
+
+    from families import build_dir
+
+    v = load_verifier(build_dir(name, family_root), device="cpu", dtype="float32")
+    run = RunLayout(f"{name}-drafts", "families", home).data
+    if not (run / "train" / "manifest.json").exists():
+        extraction(v, run)
+    cells = draft_family(v, run, kind)
+    assert set(cells) <= {"draft", "train", "loop", "vLLM"} and all(cells.values()), cells
