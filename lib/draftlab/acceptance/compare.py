@@ -146,3 +146,20 @@ def warn_on_gaps(verifier, prompts, served: dict, rows: list[dict]) -> list[str]
             )
             flagged.append(r["proposer"])
     return flagged
+
+
+def command_text(verifier, kind: str, path, served_run: dict, k: int, dtype: str, max_len: int) -> str:
+    """The `vllm serve` command notebook 05 ran for draft `kind` (or would run, where vLLM did not), to serve it by
+    hand; for a family vLLM does not serve, why not, in vLLM's words (`families.Family.vllm_refused`)."""
+    import shlex
+
+    from draftlab import DraftlabError
+    from draftlab.serving.command import serve_command
+
+    ran = (served_run or {}).get("runs", {}).get(kind, {}).get("command")
+    if ran:
+        return shlex.join(ran)
+    try:
+        return shlex.join(serve_command(verifier.path, path, k, dtype, str(verifier.device), max_len))
+    except DraftlabError as e:
+        return f"not served: {e}"
