@@ -93,7 +93,7 @@ def test_hidden_states_past_the_file_size_limit_are_named_and_a_rerun_resumes(ti
 )
 def test_a_refused_write_names_the_file_the_operation_and_the_fix(tmp_path, monkeypatch, err, fix):
     """Read-only folders cannot be made here (the tests may run as root), so the OS's refusal is stood in for."""
-    from draftlab.data import manifest
+    from draftlab import writes
     from draftlab.data.prompts import Prompt, write_prompt_set
 
     target = tmp_path / "prompts.jsonl"
@@ -102,7 +102,7 @@ def test_a_refused_write_names_the_file_the_operation_and_the_fix(tmp_path, monk
     def refuse(*a, **kw):
         raise OSError(err, "refused", str(tmp_path / ".prompts.jsonl.x.tmp"))
 
-    monkeypatch.setattr(manifest.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(writes.tempfile, "mkstemp", refuse)
     with pytest.raises(DraftlabError) as got:
         write_prompt_set([Prompt("a", "chat", "hi", "train")], target)
     assert f"could not write {target}" in str(got.value) and fix in str(got.value)

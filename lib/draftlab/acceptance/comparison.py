@@ -8,10 +8,23 @@ from __future__ import annotations
 
 from draftlab.acceptance.intervals import POOLED
 from draftlab.acceptance.reported import ci
+from draftlab.families import FAMILIES
 
 
 def trainable(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def served_tau(name: str, vllm: dict, runs: dict) -> str:
+    """vLLM's tau with its interval, or why there is none: the family's refusal in vLLM's words, the server's
+    error, or '-' (the n-gram baseline, or vLLM not run)."""
+    fam = FAMILIES.get(name)
+    if fam is not None and not fam.vllm:
+        return f"not served: {fam.vllm_refused}"
+    if "error" in runs.get(name, {}):
+        return f"not served: {runs[name]['error']}"
+    row = vllm.get(name, {})
+    return row.get("vLLM tau (95%)") or (f"{row['vLLM tau']:.3f}" if row.get("vLLM tau") is not None else "-")
 
 
 def family_rows(
@@ -28,13 +41,7 @@ def family_rows(
     for name, e in estimates.items():
         kind = name if name in drafts else None
         row = {"proposer": name, "tau, draftlab loop (95%)": ci(e["tau"][POOLED])}
-        row["tau, vLLM (95%)"] = (
-            vllm[name].get("vLLM tau (95%)", vllm[name].get("vLLM tau"))
-            if name in vllm
-            else f"not served: {runs[name]['error']}"
-            if "error" in runs.get(name, {})
-            else "-"
-        )
+        row["tau, vLLM (95%)"] = served_tau(name, vllm, runs)
         row.update({f"p_{i}": round(e[f"p_{i}"][POOLED]["value"], 3) for i in range(1, e["k"] + 1)})
         speed = first.get(name)
         row["served tokens/s"] = round(speed["tokens/s"], 1) if speed else None
