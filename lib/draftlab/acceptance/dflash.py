@@ -30,6 +30,14 @@ class DFlashProposer(ModelProposer):
             )
         super().__init__(model, target_vocab)
 
+    def check_step(self, ids) -> None:
+        """Refuse a call out of step with the context states it holds (one per committed token but the last)."""
+        if len(self.ctx) != len(ids) - 1:
+            raise DraftlabError(
+                f"{self.kind} proposer out of step: {len(self.ctx)} context states for {len(ids)} tokens; call "
+                "reset(prompt) first."
+            )
+
     def reset(self, prompt_ids):
         hidden = self.model.config.transformer_layer_config.hidden_size
         self.ctx = torch.empty(0, hidden, device=self.device, dtype=self.model.fc.weight.dtype)
@@ -63,11 +71,7 @@ class DFlashProposer(ModelProposer):
 
     @torch.no_grad()
     def propose(self, ids, k, temperature, generator):
-        if len(self.ctx) != len(ids) - 1:
-            raise DraftlabError(
-                f"DFlash proposer out of step: {len(self.ctx)} context "
-                f"states for {len(ids)} tokens; call reset(prompt) first."
-            )
+        self.check_step(ids)
         logits = self.block_logits(ids[-1])[1 : 1 + min(k, self.model.block_size - 1)].float()
         if temperature == 0:
             idx = logits.argmax(-1)

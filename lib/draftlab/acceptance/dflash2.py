@@ -58,11 +58,7 @@ class DFlash2Proposer(DFlashProposer):
 
     @torch.no_grad()
     def propose(self, ids, k, temperature, generator):
-        if len(self.ctx) != len(ids) - 1:
-            raise DraftlabError(
-                f"DFlash-2 proposer out of step: {len(self.ctx)} context states for {len(ids)} tokens; "
-                "call reset(prompt) first."
-            )
+        self.check_step(ids)
         n = min(k, self.model.block_size - 1)
         toks, cands, scores = self.chain(ids[-1], n, temperature, generator)
         if temperature == 0:

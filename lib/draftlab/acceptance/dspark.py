@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from draftlab import DraftlabError
 from draftlab.acceptance.dflash import DFlashProposer
 from draftlab.acceptance.model_proposers import ModelProposer
 from draftlab.acceptance.proposers import Proposal
@@ -82,11 +81,7 @@ class DSparkProposer(DFlashProposer):
 
     @torch.no_grad()
     def propose(self, ids, k, temperature, generator):
-        if len(self.ctx) != len(ids) - 1:
-            raise DraftlabError(
-                f"DSpark proposer out of step: {len(self.ctx)} context "
-                f"states for {len(ids)} tokens; call reset(prompt) first."
-            )
+        self.check_step(ids)
         tokens, _, qs = self.draft_block(ids[-1], k, temperature, generator)
         return Proposal(tokens, torch.stack(qs) if qs else None)
 

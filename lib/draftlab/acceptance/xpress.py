@@ -81,11 +81,7 @@ class XPressProposer(DFlashProposer):
 
     @torch.no_grad()
     def propose(self, ids, k, temperature, generator):
-        if len(self.ctx) != len(ids) - 1:
-            raise DraftlabError(
-                f"XPress proposer out of step: {len(self.ctx)} context states for {len(ids)} tokens; "
-                "call reset(prompt) first."
-            )
+        self.check_step(ids)
         n = min(k, self.model.block_size - 1)
         if n < 1:
             return Proposal([])

@@ -92,6 +92,17 @@ def real_pack(datapath, total_len: int, start: int = 0) -> dict:
     return collate(items, total_len, hidden, n_aux, torch.float32)
 
 
+def anchor_regions(anchors: torch.Tensor, block_size: int) -> list[tuple[str, int, int]]:
+    """The query regions of a block family's mask: one block of `block_size` slots per anchor, named by its position."""
+    return [(f"anchor {j} @ {int(a)}", j * block_size, (j + 1) * block_size) for j, a in enumerate(anchors.tolist())]
+
+
+def anchor_extra(anchors, valid, block_size: int, doc, flex_block: int, **more) -> dict:
+    """A block family's `MaskView.extra`: what `checks.run_checks` reads of its anchors, plus the family's own."""
+    extra = {"anchors": anchors, "block_size": block_size, "document_ids": doc, "flex_block": flex_block}
+    return {**extra, **({"anchor_valid": valid} if valid is not None else {}), **more}
+
+
 def doc_bounds(document_ids: torch.Tensor) -> list[int]:
     """Positions where a new document starts (the outlines the plots draw)."""
     d = document_ids.tolist()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
-from draftlab.masks.common import MaskView, demo, demo_pack, demo_parser, doc_bounds
+from draftlab.masks.common import MaskView, anchor_extra, anchor_regions, demo, demo_pack, demo_parser, doc_bounds
 
 PACK_WHOLE_FLEX_BLOCKS = False  # the anchor blocks' BlockMask is built once, for the pack as it is
 
@@ -60,9 +60,7 @@ def dflash_mask(
     mod, block, anchors, valid = dflash_block_mask(doc, loss_mask, n_anchors, block_size, flex_block, seed, device)
     q_len, kv_len = n_anchors * block_size, n + n_anchors * block_size
     dense = create_mask(mod, None, None, q_len, kv_len, device=device)[0, 0]
-    q_regions = [
-        (f"anchor {j} @ {int(a)}", j * block_size, (j + 1) * block_size) for j, a in enumerate(anchors.tolist())
-    ]
+    q_regions = anchor_regions(anchors, block_size)
     arith = (
         f"q_len = n_anchors * block_size = {n_anchors} * {block_size} = {q_len} synthetic queries. "
         f"kv_len = L + q_len = {n} + {q_len} = {kv_len}: the packed base sequence, then the anchor blocks. "
@@ -77,13 +75,7 @@ def dflash_mask(
         q_regions,
         [("packed base sequence", 0, n), ("anchor blocks", n, kv_len)],
         doc_bounds(doc),
-        {
-            "anchors": anchors,
-            "anchor_valid": valid,
-            "block_size": block_size,
-            "document_ids": doc,
-            "flex_block": flex_block,
-        },
+        anchor_extra(anchors, valid, block_size, doc, flex_block),
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
-from draftlab.masks.common import MaskView, demo, demo_pack, demo_parser, doc_bounds
+from draftlab.masks.common import MaskView, anchor_extra, anchor_regions, demo, demo_pack, demo_parser, doc_bounds
 from draftlab.masks.dflash import generate_dflash_anchors
 
 PACK_WHOLE_FLEX_BLOCKS = False  # as DFlash: the anchor blocks' BlockMask is built once, for the pack as it is
@@ -109,19 +109,10 @@ def dflash2_mask(
         dense,
         block,
         arith,
-        [(f"anchor {j} @ {int(a)}", j * block_size, (j + 1) * block_size) for j, a in enumerate(anchors.tolist())],
+        anchor_regions(anchors, block_size),
         [("packed base sequence", 0, n), ("anchor blocks", n, kv_len)],
         doc_bounds(doc),
-        {
-            "anchors": anchors,
-            "anchor_valid": valid,
-            "block_size": block_size,
-            "document_ids": doc,
-            "flex_block": flex_block,
-            "window": window,
-            "non_causal": non_causal,
-            "intent": intent,
-        },
+        anchor_extra(anchors, valid, block_size, doc, flex_block, window=window, non_causal=non_causal, intent=intent),
     )
 
 

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
-from draftlab.masks.common import MaskView, demo, demo_pack, demo_parser, doc_bounds
+from draftlab.masks.common import MaskView, anchor_extra, anchor_regions, demo, demo_pack, demo_parser, doc_bounds
 from draftlab.masks.dflash import dflash_mask, generate_dflash_anchors
 
 PACK_WHOLE_FLEX_BLOCKS = False  # DFlash's anchor blocks: the BlockMask is built once, for the pack as it is
@@ -149,18 +149,10 @@ def teaching_mask(
         f"q_len = n_anchors * block_size = {n_anchors} * {block_size} = {q_len} block slots; kv_len = L = {n} pack "
         f"positions. Each scored slot marks the token it is taught to draft (sample_from_anchor="
         f"{sample_from_anchor}: {convention}); {int(scored.sum())} of {q_len} slots are scored.",
-        [(f"anchor {j} @ {int(a)}", j * block_size, (j + 1) * block_size) for j, a in enumerate(anchors.tolist())],
+        anchor_regions(anchors, block_size),
         [("packed sequence", 0, n)],
         doc_bounds(doc),
-        {
-            "anchors": anchors,
-            "anchor_valid": valid,
-            "block_size": block_size,
-            "document_ids": doc,
-            "flex_block": flex_block,
-            "real_rows": scored,
-            "intent": intent,
-        },
+        anchor_extra(anchors, valid, block_size, doc, flex_block, real_rows=scored, intent=intent),
     )
 
 

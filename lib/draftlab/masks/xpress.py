@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
-from draftlab.masks.common import MaskView, demo, demo_pack, demo_parser, doc_bounds
+from draftlab.masks.common import MaskView, anchor_extra, anchor_regions, demo, demo_pack, demo_parser, doc_bounds
 from draftlab.masks.dflash import dflash_mask
 
 PACK_WHOLE_FLEX_BLOCKS = False  # DFlash's anchor blocks: the BlockMask is built once, for the pack as it is
@@ -132,16 +132,17 @@ def refiner_mask(document_ids, anchors, block_size: int, flex_block: int = 128, 
         dense,
         block,
         arith,
-        [(f"anchor {j} @ {int(a)}", j * block_size, (j + 1) * block_size) for j, a in enumerate(anchors.tolist())],
+        anchor_regions(anchors, block_size),
         [("packed base sequence (tokens fed as prev)", 0, n)],
         doc_bounds(doc),
-        {
-            "anchors": anchors,
-            "block_size": block_size,
-            "document_ids": doc,
-            "flex_block": flex_block,
-            "intent": lambda d: intent_checks(d, doc.cpu(), anchors.cpu(), block_size, tril.cpu()),
-        },
+        anchor_extra(
+            anchors,
+            None,
+            block_size,
+            doc,
+            flex_block,
+            intent=lambda d: intent_checks(d, doc.cpu(), anchors.cpu(), block_size, tril.cpu()),
+        ),
     )
 
 
