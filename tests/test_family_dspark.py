@@ -243,7 +243,7 @@ def test_the_parity_check_fails_for_a_wrong_previous_token_or_no_markov_head(tin
 
     class NoMarkov(DSparkProposer):  # the block's lm_head logits alone
         def draft_block(self, anchor, k, temperature=0.0, generator=None, forced=None):
-            return [], self.block_states(anchor)[1], []
+            return [], self.block_logits(anchor), []
 
     model = _variant(tiny, data, monkeypatch, "vanilla", 1, [], None, True)
     assert parity_gap(tiny, model, WrongShift)[0] > 1e-2

@@ -7,7 +7,6 @@ import torch
 from draftlab import DraftlabError
 from draftlab.acceptance import draft_masks
 from draftlab.acceptance.model_proposers import ModelProposer
-from draftlab.acceptance.proposers import Proposal
 
 
 class DFlashProposer(ModelProposer):
@@ -20,9 +19,10 @@ class DFlashProposer(ModelProposer):
     speculative is stored, so nothing to roll back); at most B-1 tokens per step."""
 
     kind = "dflash"
+    drafts_anchor_slot = False  # slot 0 is the anchor itself: a draft trained to predict from it is refused
 
     def __init__(self, model, target_vocab: int):
-        if model.config.sample_from_anchor:
+        if model.config.sample_from_anchor and not self.drafts_anchor_slot:
             raise DraftlabError(
                 f"{self.kind} draft trained with sample_from_anchor=True (its anchor slot predicts too): this proposer "
                 "drafts slots 1.. after the anchor only. Train with sample_from_anchor=False (speculators' DFlash "
@@ -73,12 +73,7 @@ class DFlashProposer(ModelProposer):
     def propose(self, ids, k, temperature, generator):
         self.check_step(ids)
         logits = self.block_logits(ids[-1])[1 : 1 + min(k, self.model.block_size - 1)].float()
-        if temperature == 0:
-            idx = logits.argmax(-1)
-            return Proposal((idx + self.d2t[idx]).tolist())
-        q = torch.softmax(logits / temperature, -1)  # block slots are drawn independently
-        idx = torch.multinomial(q, 1, generator=generator)[:, 0]
-        return Proposal((idx + self.d2t[idx]).tolist(), self._to_target(q))
+        return self.independent(logits, temperature, generator)  # block slots are drawn independently
 
 
 PROPOSER = DFlashProposer

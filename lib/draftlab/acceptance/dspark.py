@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from draftlab.acceptance.dflash import DFlashProposer
-from draftlab.acceptance.model_proposers import ModelProposer
 from draftlab.acceptance.proposers import Proposal
 
 
@@ -29,21 +28,7 @@ class DSparkProposer(DFlashProposer):
     confidence head is not used: the loop drafts a fixed k."""
 
     kind = "dspark"
-
-    def __init__(self, model, target_vocab: int):
-        # DFlashProposer refuses sample_from_anchor=True; DSpark drafts from the anchor slot by design.
-        ModelProposer.__init__(self, model, target_vocab)
-
-    def block_states(self, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """([B, hidden] post-norm block states, [B, draft vocab] lm_head logits): DFlash's block pass, its states
-        read where they enter the lm_head (the model's final norm), so the backbone is DFlash's own code."""
-        got = []
-        hook = self.model.norm.register_forward_hook(lambda _m, _i, out: got.append(out))
-        try:
-            logits = self.block_logits(anchor)
-        finally:
-            hook.remove()
-        return got[-1][0], logits
+    drafts_anchor_slot = True  # with sample_from_anchor (its default) the anchor's slot drafts too, by design
 
     def prev_slot(self, slot: int) -> int:
         """Index into [anchor, token at anchor+1, ...] of the token slot `slot`'s bias reads."""
@@ -54,7 +39,8 @@ class DSparkProposer(DFlashProposer):
         `forced`: the target ids at anchor+1, ... fed to the head instead of the drafts (teacher forcing, as
         training does; for parity checks). Stops after k drafts or at the block's end."""
         m = self.model
-        hidden, base = self.block_states(anchor)
+        hidden = self.block_hidden(anchor)  # DFlash's block pass, the states its lm_head reads
+        base = m.lm_head(hidden)
         first = 0 if m.config.sample_from_anchor else 1
         seq = [anchor]  # target ids at anchor, anchor+1, ...
         out, logits, qs = [], [], []

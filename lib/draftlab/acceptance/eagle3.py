@@ -62,14 +62,17 @@ class Eagle3Proposer(ModelProposer):
             aux = torch.cat([nm(c) for nm, c in zip(m.fc_norm, aux.chunk(len(m.fc_norm), -1), strict=True)], -1)
         return m.fc(aux)
 
+    def check_step(self, ids) -> None:
+        """Refuse a call out of step with the rows fed (or queued) with verifier states: one per token but the last."""
+        if self.n_real + len(self.pending) != len(ids) - 1:
+            raise DraftlabError(
+                f"{self.kind} proposer out of step: {self.n_real}+{len(self.pending)} draft rows for {len(ids)} "
+                "tokens; call reset(prompt) first."
+            )
+
     @torch.no_grad()
     def propose(self, ids, k, temperature, generator):
-        n_new = len(self.pending)
-        if self.n_real + n_new != len(ids) - 1:
-            raise DraftlabError(
-                f"EAGLE-3 proposer out of step: {self.n_real}+{n_new} draft "
-                f"rows for {len(ids)} tokens; call reset(prompt) first."
-            )
+        self.check_step(ids)
         toks = torch.tensor(ids[self.n_real + 1 :], device=self.device)
         h = self._rows(toks, self._prep(self.pending), self.n_real, 0)[-1:]
         self.n_real, self.pending = len(ids) - 1, self.pending[:0]

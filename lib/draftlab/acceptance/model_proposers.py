@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from draftlab.acceptance import draft_masks
-from draftlab.acceptance.proposers import Proposer
+from draftlab.acceptance.proposers import Proposal, Proposer
 
 
 class ModelProposer(Proposer):
@@ -36,3 +36,13 @@ class ModelProposer(Proposer):
         full = q.new_zeros(*q.shape[:-1], self.target_vocab)
         full[..., torch.arange(q.shape[-1], device=q.device) + self.d2t] = q
         return full
+
+    def independent(self, logits: torch.Tensor, temperature: float, generator) -> Proposal:
+        """A proposal from [n, draft vocab] logits whose slots do not depend on one another (DFlash's block, P-EAGLE's
+        depths): argmax each, or draw each from softmax(logits / T) with that row as its q."""
+        if temperature == 0:
+            idx = logits.argmax(-1)
+            return Proposal((idx + self.d2t[idx]).tolist())
+        q = torch.softmax(logits / temperature, -1)
+        idx = torch.multinomial(q, 1, generator=generator)[:, 0]
+        return Proposal((idx + self.d2t[idx]).tolist(), self._to_target(q))

@@ -79,23 +79,14 @@ class PEagleProposer(Eagle3Proposer):
 
     @torch.no_grad()
     def propose(self, ids, k, temperature, generator):
-        if self.n_real + len(self.pending) != len(ids) - 1:
-            raise DraftlabError(
-                f"P-EAGLE proposer out of step: {self.n_real}+{len(self.pending)} draft "
-                f"rows for {len(ids)} tokens; call reset(prompt) first."
-            )
+        self.check_step(ids)
         k = min(k, self.n_depths)  # depths beyond num_depths were never trained
         if k < 1:
             return Proposal([])
         toks = torch.tensor(ids[self.n_real + 1 :], device=self.device)
         logits = self.slot_logits(toks, self.pending, k).float()
         self.pending = self.pending[:0]
-        if temperature == 0:
-            idx = logits.argmax(-1)
-            return Proposal((idx + self.d2t[idx]).tolist())
-        q = torch.softmax(logits / temperature, -1)
-        idx = torch.multinomial(q, 1, generator=generator)[:, 0]
-        return Proposal((idx + self.d2t[idx]).tolist(), self._to_target(q))
+        return self.independent(logits, temperature, generator)
 
 
 PROPOSER = PEagleProposer

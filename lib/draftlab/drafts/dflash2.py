@@ -79,7 +79,5 @@ class DFlash2(Block):
         keep = (*SHAPE, "sliding_window_non_causal", "sample_from_anchor")
         return {**super().saved(config), **{k: getattr(config, k) for k in keep}}
 
-    first_key = "position_1_acc"  # the unary head's accuracy at the first drafted slot (docstring)
-
 
 RECIPE = DFlash2("dflash2")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftlab.drafts.recipe import Block
+from draftlab.drafts.recipe import Block, slot_accuracies
 
 SHAPE = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
 
@@ -95,12 +95,7 @@ class DSpark(Block):
 
     def position_accuracies(self, record: dict) -> dict[int, float]:
         """Slot k drafts position k+1 when the anchor drafts (k otherwise, as DFlash)."""
-        shift = 1 if self.anchor_drafts else 0
-        return {
-            int(k.split("_")[1]) + shift: v
-            for k, v in record.items()
-            if k.startswith("position_") and k.endswith("_acc")
-        }
+        return slot_accuracies(record, 1 if self.anchor_drafts else 0)
 
 
 RECIPE = DSpark("dspark")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftlab import DraftlabError
-from draftlab.drafts.recipe import Chain
+from draftlab.drafts.recipe import Chain, mask_token, slot_accuracies
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,6 @@ class PEagle(Chain):
         """A mask token (`inputs.pick_mask_token`, as for DFlash); attention that keeps padding rows finite."""
         from speculators.train.config.schema import PEagleArgs
 
-        from draftlab.drafts.inputs import pick_mask_token, used_ids
-
         if given.get("attention") == "eager":
             raise DraftlabError(
                 "attention='eager' for a peagle draft: padding rows of a P-EAGLE pack attend to no key, and eager "
@@ -43,11 +41,10 @@ class PEagle(Chain):
                 "Use attention='sdpa' (on CPU and mps too) or leave it unset (flex on CUDA, sdpa elsewhere); only "
                 "drafting, which has no padding rows, runs eager on mps (proposers.load_draft)."
             )
-        used = used_ids(data) if data is not None else None
-        token, why = pick_mask_token(verifier, path, given.get("mask_token_id"), used)
+        token, line = mask_token(verifier, path, data, given)
         depths = PEagleArgs().num_depths
         return {"mask_token_id": token}, {
-            "mask token": (f"{token} {verifier.tokenizer.convert_ids_to_tokens(token)!r}", why),
+            "mask token": line,
             "parallel depths": (depths, "speculators' default (num_depths): one forward drafts up to this many tokens"),
             "embeddings": ("trained", "P-EAGLE's config default: the mask token's embedding row learns"),
         }
@@ -79,9 +76,7 @@ class PEagle(Chain):
 
     def position_accuracies(self, record: dict) -> dict[int, float]:
         """Accuracy per drafted position (1-based): depth d drafts token d+1."""
-        return {
-            int(k.split("_")[1]) + 1: v for k, v in record.items() if k.startswith("position_") and k.endswith("_acc")
-        }
+        return slot_accuracies(record, 1)
 
 
 RECIPE = PEagle("peagle")

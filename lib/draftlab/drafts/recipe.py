@@ -16,16 +16,30 @@ from dataclasses import dataclass
 from draftlab.families import family, stage_module
 
 
+def mask_token(verifier, path, data, given: dict) -> tuple[int, tuple[str, str]]:
+    """(the mask token a draft's not-yet-drafted positions embed, its (choice, why) line): `inputs.pick_mask_token`
+    over the ids stage 01's data uses, the one `given` (the profile's `mask_token_id`) if set."""
+    from draftlab.drafts.inputs import pick_mask_token, used_ids
+
+    used = used_ids(data) if data is not None else None
+    token, why = pick_mask_token(verifier, path, given.get("mask_token_id"), used)
+    return token, (f"{token} {verifier.tokenizer.convert_ids_to_tokens(token)!r}", why)
+
+
+def slot_accuracies(record: dict, shift: int = 0) -> dict[int, float]:
+    """The forward's `position_{i}_acc` metrics as {drafted position (1-based): accuracy}, slot i drafting position
+    i + shift (DFlash's slot 0 is the anchor itself; P-EAGLE's depth 0 and DSpark's anchor slot draft position 1)."""
+    return {
+        int(k.split("_")[1]) + shift: v for k, v in record.items() if k.startswith("position_") and k.endswith("_acc")
+    }
+
+
 @dataclass(frozen=True)
-class Chain:
-    """EAGLE-3's layout: one token per step, training unrolls `ttt_steps` steps over a shifted pack."""
+class Layout:
+    """What both layouts leave as speculators has it: the vocabulary asked for, no further build options or
+    checkpoint fields, nothing to restore after a load."""
 
     name: str
-    shift: bool = True  # speculators' `shift_batch` (eagle3/data.py) before collation, as `speculators train` does
-
-    def profile_args(self, cfg) -> dict:
-        """build_draft's arguments from a stage config (the profile's keys)."""
-        return {"num_layers": cfg.draft_layers}
 
     def vocab(self, verifier, requested: int | None) -> tuple[int | None, str | None]:
         """(draft vocabulary size, why) from the one asked for (None: stage 01's mapping or the verifier's); a
@@ -36,21 +50,35 @@ class Chain:
         """(flat TrainConfig options beyond the shared ones, {what: (choice, why)}) for build_draft."""
         return {}, {}
 
+    def saved(self, config) -> dict:
+        """Fields of the model config a checkpoint records beside the shared ones (a resume checks them)."""
+        return {}
+
+    def after_load(self, model) -> None:
+        """Restore what speculators' `from_pretrained` leaves undone in a loaded model (nothing by default)."""
+
+    def loaded(self, model) -> dict:
+        """Flat TrainConfig options a saved model was trained with, for its forward's trainer kwargs."""
+        return {}
+
+
+@dataclass(frozen=True)
+class Chain(Layout):
+    """EAGLE-3's layout: one token per step, training unrolls `ttt_steps` steps over a shifted pack."""
+
+    shift: bool = True  # speculators' `shift_batch` (eagle3/data.py) before collation, as `speculators train` does
+
+    def profile_args(self, cfg) -> dict:
+        """build_draft's arguments from a stage config (the profile's keys)."""
+        return {"num_layers": cfg.draft_layers}
+
     def forward_options(self, s) -> dict:
         return {"ttt_steps": s.ttt_steps, "ttt_step_loss_decay": s.ttt_step_loss_decay}
 
     def torchrun_flags(self, s, cfg: dict) -> dict:
         return {"ttt-steps": s.ttt_steps, "ttt-step-loss-decay": s.ttt_step_loss_decay}
 
-    def saved(self, config) -> dict:
-        """Fields of the model config a checkpoint records beside the shared ones (a resume checks them)."""
-        return {}
-
-    def after_load(self, model) -> None:
-        """Restore what speculators' `from_pretrained` leaves undone in a loaded model (nothing for this layout)."""
-
     def loaded(self, model) -> dict:
-        """Flat TrainConfig options a saved model was trained with, for its forward's trainer kwargs."""
         return {
             "target_layer_ids": model.target_layer_ids,
             "ttt_steps": model.config.speculators_config.proposal_methods[0].speculative_tokens,
@@ -64,10 +92,9 @@ class Chain:
 
 
 @dataclass(frozen=True)
-class Block:
+class Block(Layout):
     """DFlash's layout: a block of positions after an anchor in one forward, anchors sampled in the pack."""
 
-    name: str
     shift: bool = False
 
     def profile_args(self, cfg) -> dict:
@@ -77,19 +104,14 @@ class Block:
             "mask_token_id": cfg.mask_token_id,
         }
 
-    vocab = Chain.vocab  # the same default: the size asked for
-
     def build_options(self, verifier, path, data, given: dict) -> tuple[dict, dict]:
         """The block size given (None: speculators' default for the family) and a mask token for the block's
-        unknown positions: `inputs.pick_mask_token` says which and why."""
-        from draftlab.drafts.inputs import pick_mask_token, used_ids
-
-        used = used_ids(data) if data is not None else None
-        token, why = pick_mask_token(verifier, path, given.get("mask_token_id"), used)
+        unknown positions (`mask_token`)."""
+        token, line = mask_token(verifier, path, data, given)
         flat = {"mask_token_id": token}
         if given.get("block_size") is not None:
             flat["block_size"] = given["block_size"]
-        return flat, {"mask token": (f"{token} {verifier.tokenizer.convert_ids_to_tokens(token)!r}", why)}
+        return flat, {"mask token": line}
 
     def forward_options(self, s) -> dict:
         return {"max_anchors": s.n_anchors}
@@ -100,17 +122,11 @@ class Block:
     def saved(self, config) -> dict:
         return {"block_size": int(config.block_size), "mask_token_id": int(config.mask_token_id)}
 
-    def after_load(self, model) -> None:
-        pass
-
-    def loaded(self, model) -> dict:
-        return {}
-
     first_key = "position_1_acc"
 
     def position_accuracies(self, record: dict) -> dict[int, float]:
         """Accuracy per drafted position (1-based) from one metrics record: the block's positions."""
-        return {int(k.split("_")[1]): v for k, v in record.items() if k.startswith("position_") and k.endswith("_acc")}
+        return slot_accuracies(record)
 
 
 def recipe(kind: str):
