@@ -40,10 +40,10 @@ def first_rows(data: Path, n: int, into: Path) -> Path:
     shutil.copy(data / "config.json", into / "config.json")
     (into / "eval").symlink_to((data / "eval").resolve())
     src, dst = data / "train", into / "train"
-    load_from_disk(str(src)).select(range(n)).save_to_disk(str(dst))
     man = json.loads((src / "manifest.json").read_text())
     if man.get("num_samples", 0) < n:
         raise SystemExit(f"{src} holds states for {man.get('num_samples')} rows; ask for --rows at most that")
+    load_from_disk(str(src)).select(range(n)).save_to_disk(str(dst))
     man.update(num_samples=n, files={k: f for k, f in man["files"].items() if int(k) < n})
     man["num_tokens"] = sum(f["tokens"] for f in man["files"].values())
     (dst / "manifest.json").write_text(json.dumps(man))
