@@ -189,12 +189,15 @@ online-gpu)
   # train rows only), then bench_online.py on those rows at the profile's pack length (offline, then online with 4 and
   # with 12 loader processes on one extraction server), then 04 (online) and 05. After the four staging calls, carry
   # [".vllm/b"]: bash benchmarks/gpu_pipeline.sh online-gpu   (again, no carry, while it says "still running")
+  # BENCH=0 leaves the bench out; SET05="--set k=v ..." changes 04 and 05; FAMILIES=1 adds issue 32's
+  # families-cuda-job beside it (every family, ci recipe).
   out="${OUT:-/tmp/out}"; log=/tmp/draftlab-online-gpu.log; p="${PROFILE:-gpu}"
   install_once; vllm_install
   background online-gpu && done=1 || done=
   # shellcheck disable=SC2046
-  tar czf "$out/online-gpu.tar.gz" $(find "outputs/$p" -type f -size -2M 2>/dev/null) /tmp/og-*.log /tmp/bench-online-gpu.json \
-    $(${PY:-python3} -m draftlab.layout "smollm2-$p" metrics.jsonl 2>/dev/null) 2>/dev/null || true
+  tar czf "$out/online-gpu.tar.gz" $(find "outputs/$p" outputs/ci-cuda -type f -size -2M 2>/dev/null) /tmp/og-*.log \
+    /tmp/bench-online-gpu.json $(${PY:-python3} -m draftlab.layout "smollm2-$p" metrics.jsonl 2>/dev/null) \
+    $(${PY:-python3} -m draftlab.layout smollm2-ci-cuda metrics.jsonl 2>/dev/null) 2>/dev/null || true
   for f in /tmp/og-*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 1200 "$f" | tr '\r' '\n' | tail -n 12; echo; }; done
   [ -n "$done" ] || { echo "still running: call 'online-gpu' again within 30 s to wait on it"; exit 3; }
   grep -a -h -A8 "^notebook " /tmp/og-*.log || true
@@ -204,14 +207,33 @@ online-gpu-job)
   set -x
   py="${PY:-python3}"; p="${PROFILE:-gpu}"
   while [ -z "${SKIP_INSTALL:-}" ] && [ ! -f /tmp/convert.log.rc ]; do sleep 1; done
+  rm -f /tmp/og-main.done; trap 'touch /tmp/og-main.done' EXIT  # the families job's 05 waits for this job's servers
+  # FAMILIES=1: beside it, every family through 01-04 of the ci recipe on CUDA (flex, the fused loss where it works),
+  # 05 (vLLM 0.25 serving what it serves) once this job's own 05 is over
+  [ -n "${FAMILIES:-}" ] && { bash "$0" families-cuda-job > /tmp/og-families.log 2>&1 & fam=$!; }
   $py -m draftlab run --profile "$p" --only 01 > /tmp/og-01.log 2>&1 || { tail -c 3000 /tmp/og-01.log; exit 1; }
   ds=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['dataset_name'])")
   pack=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['pack_len'])")
-  $py benchmarks/bench_online.py --dataset "$ds" --rows "${ROWS:-256}" --steps "${STEPS:-30}" --pack-len "$pack" \
-    --loader-workers "${LOADERS:-4,12}" --json /tmp/bench-online-gpu.json > /tmp/og-bench.log 2>&1 \
-    || echo "the online bench failed: /tmp/og-bench.log"
-  $py -m draftlab run --profile "$p" --only 04,05 ${SET05:+--set $SET05} > /tmp/og-0405.log 2>&1 \
-    || { tail -c 3000 /tmp/og-0405.log; exit 1; } ;;
+  if [ "${BENCH:-1}" != 0 ]; then  # BENCH=0: the offline/online step bench left out (measured: BENCHMARKS.md)
+    $py benchmarks/bench_online.py --dataset "$ds" --rows "${ROWS:-256}" --steps "${STEPS:-30}" --pack-len "$pack" \
+      --loader-workers "${LOADERS:-4,12}" --json /tmp/bench-online-gpu.json > /tmp/og-bench.log 2>&1 \
+      || echo "the online bench failed: /tmp/og-bench.log"
+  fi
+  # shellcheck disable=SC2086  # SET05: further `--set key=value` arguments for 04 and 05
+  $py -m draftlab run --profile "$p" --only 04,05 ${SET05:-} > /tmp/og-0405.log 2>&1 \
+    || { tail -c 3000 /tmp/og-0405.log; exit 1; }
+  touch /tmp/og-main.done
+  [ -z "${fam:-}" ] || wait "$fam" || echo "the families job failed: /tmp/og-families.log" ;;
+families-cuda-job)
+  # issue 32 on CUDA: the ci recipe (a few steps of every family) on the GPU, its own run and dataset
+  install_once; vllm_install
+  set -x
+  py="${PY:-python3}"
+  cuda=(--profile ci --run-name ci-cuda --set device="${DEVICE:-cuda}" --set dtype="${DTYPE:-bfloat16}"
+    --set dataset_name=smollm2-ci-cuda)
+  $py -m draftlab run "${cuda[@]}" --set engine=hf --only 01,02,03,04 > /tmp/og-fam-0104.log 2>&1 || { tail -c 3000 /tmp/og-fam-0104.log; exit 1; }
+  while [ ! -f /tmp/og-main.done ]; do sleep 2; done
+  $py -m draftlab run "${cuda[@]}" --only 05 > /tmp/og-fam-05.log 2>&1 || { tail -c 3000 /tmp/og-fam-05.log; exit 1; } ;;
 online-job)
   install_once; vllm_install
   set -x

@@ -514,6 +514,8 @@ def test_side_by_side_only_on_a_gpu_with_cpus_for_both():
 
     assert side_by_side("cuda", 2, cpus=16)[0] and not side_by_side("cuda", 2, cpus=4)[0]
     assert not side_by_side("cpu", 2, cpus=64)[0] and not side_by_side("cuda", 1, cpus=16)[0]
+    on, why = side_by_side("cuda", 2, cpus=16, online=True)  # one extraction server: sharing it is slower
+    assert not on and "online" in why
     assert side_by_side("cpu", 2, requested=True) == (True, "as asked (side_by_side)")
 
 

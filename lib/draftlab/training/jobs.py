@@ -38,7 +38,9 @@ from draftlab.training.lock import run_lock
 from draftlab.training.online import Online, states_for
 
 
-def side_by_side(device: str, runs: int, cpus: int | None = None, requested: bool | None = None) -> tuple[bool, str]:
+def side_by_side(
+    device: str, runs: int, cpus: int | None = None, requested: bool | None = None, online: bool = False
+) -> tuple[bool, str]:
     """Whether the runs train at once in their own processes, and why."""
     if requested is not None:
         return requested, "as asked (side_by_side)"
@@ -47,6 +49,12 @@ def side_by_side(device: str, runs: int, cpus: int | None = None, requested: boo
         return False, "one draft: trained in this process"
     if not device.startswith("cuda"):
         return False, "CPU: the cores are the trainer's, so the runs go one after the other in this process"
+    if online:
+        return False, (
+            "online: the runs would share one extraction server and the CPUs its loaders need; on the H200 two at "
+            "once took 0.17-0.25 s a step each against 0.048 s alone (BENCHMARKS.md, \"Online hidden states\"), "
+            "so one after the other"
+        )
     if cpus < 4 * runs:
         return False, f"CUDA, but {cpus} CPUs: each run needs its own trainer and pack readers, so one after the other"
     return True, (
@@ -80,7 +88,7 @@ def train_drafts(
             f"drafts are keyed by kind, each run in layout.draft(kind); got {named} (key: kind). One draft per kind."
         )
     device = str(next(iter(drafts.values())).device)
-    on, why = side_by_side(device, len(drafts), requested=side)
+    on, why = side_by_side(device, len(drafts), requested=side, online=settings.hidden_states == "online")
     training = (f"{len(drafts)} processes side by side" if on else "in this process", why)
     with ExitStack() as held:  # every run folder, before a job folder in it is rewritten (side by side)
         for kind in drafts:
