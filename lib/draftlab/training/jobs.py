@@ -51,9 +51,9 @@ def side_by_side(
         return False, "CPU: the cores are the trainer's, so the runs go one after the other in this process"
     if online:
         return False, (
-            "online: the runs would share one extraction server and the CPUs its loaders need; on the H200 two at "
-            "once took 0.17-0.25 s a step each against 0.048 s alone (BENCHMARKS.md, \"Online hidden states\"), "
-            "so one after the other"
+            "online: the runs would share one extraction server, and their 2 x 12 loader processes the CPUs; on the "
+            "H200 two at once took 0.043-0.050 s a step in one lease and 0.17-0.25 s in another, one alone 0.048 s "
+            '(BENCHMARKS.md, "Online hidden states"), so one after the other: the steady pace'
         )
     if cpus < 4 * runs:
         return False, f"CUDA, but {cpus} CPUs: each run needs its own trainer and pack readers, so one after the other"
