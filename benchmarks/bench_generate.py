@@ -95,7 +95,7 @@ def main() -> None:
     v = load_verifier("smollm2", device=args.device)
     tok = v.tokenizer
     train = [p for p in prompts.load_prompts(*args.prompts[:2], 0.15) if p.split == "train"]
-    seqs = [_chat_ids(tok, p.text) for p in train]
+    seqs = [_chat_ids(tok, p) for p in train]
     seqs = [seqs[i % len(seqs)] for i in range(max(max(args.batch), len(seqs)))]
     print(
         "| torch threads | attention | batch | prompt tokens (mean / max) | "
@@ -152,6 +152,7 @@ def compare_engines(args) -> None:
         prof["n_sharegpt"],
         prof["bench_fraction"],
         prof["max_prompt_chars"],
+        sharegpt_turns=prof["sharegpt_turns"],
     )[: args.prompts[0]]
     batch = args.batch[0] if args.batch else prof["gen_batch_size"]
     print(
@@ -246,10 +247,8 @@ def on_policy(v, ps, answers: dict[str, str]) -> float:
 
     hit = total = 0
     for p in ps:
-        ids, mask = tokenize_conversation(v.tokenizer, p.text, answers[p.id])
-        closing = sum(
-            tokenize_conversation(v.tokenizer, p.text, "")[1]
-        )  # the template's end of turn: not the answer's text
+        ids, mask = tokenize_conversation(v.tokenizer, p, answers[p.id])
+        closing = sum(tokenize_conversation(v.tokenizer, p, "")[1])  # the template's end of turn: not the answer's text
         x = torch.tensor([ids], device=v.device)
         pred = v.model(input_ids=x).logits[0, :-1].argmax(-1)
         sup = torch.tensor(mask[1:], device=v.device).bool()

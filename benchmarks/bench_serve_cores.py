@@ -23,9 +23,9 @@ from draftlab.training.launch import trained_draft
 KEY = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
 
-def generation(v, texts: list[str], max_tokens: int, log: Path) -> dict:
+def generation(v, rows: list[dict], max_tokens: int, log: Path) -> dict:
     with Server(v.path, None, dtype="bfloat16", log_path=log) as s:
-        return {**workload.run(s, [{"text": t} for t in texts], max_tokens, 0), "startup_s": s.startup_s}
+        return {**workload.run(s, rows, max_tokens, 0), "startup_s": s.startup_s}
 
 
 def main() -> None:
@@ -41,16 +41,16 @@ def main() -> None:
     v = load_verifier("smollm2", device="cpu", dtype="float32")
     layout = RunLayout(args.dataset, args.run_name)
     lines = layout.prompts.read_text().splitlines()
-    texts = [json.loads(line)["text"] for line in lines][: args.gen_prompts]
+    rows = [json.loads(line) for line in lines][: args.gen_prompts]  # prompt-set rows, sent as their chats
     prompts = load_spec_prompts(layout.prompts, v.tokenizer, "bench", args.prompts)
     drafts = {k: p for k in ("eagle3", "dflash") if (p := trained_draft(layout.draft(k))) is not None}
     logs = Path(tempfile.mkdtemp(prefix="bench-serve-cores-"))
-    print(f"logs under {logs}; {len(texts)} prompts x {args.gen_tokens} tokens (bf16); {len(prompts)} bench prompts")
+    print(f"logs under {logs}; {len(rows)} prompts x {args.gen_tokens} tokens (bf16); {len(prompts)} bench prompts")
     print("| reserved cores | gen start-up s | gen tok/s | served section s | workloads s (alone, drafts) | vLLM tau |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in args.reserved:
         os.environ[KEY] = r  # server_env keeps a value set by the user
-        g = generation(v, texts, args.gen_tokens, logs / f"gen-{r}.log")
+        g = generation(v, rows, args.gen_tokens, logs / f"gen-{r}.log")
         t0 = time.perf_counter()
         got = served.measure(v, drafts, prompts, 5, args.max_new_tokens, logs / f"served-{r}")
         total = time.perf_counter() - t0

@@ -101,6 +101,18 @@ def nested_dir(tmp_path_factory, tiny_dir):
     return path
 
 
+@pytest.fixture
+def sharegpt_file(tmp_path, monkeypatch):
+    """Where `sources.sharegpt_texts` reads ShareGPT from: write the file's bytes here."""
+    from draftlab.data import sources
+
+    (tmp_path / "data").mkdir()
+    monkeypatch.setattr(sources, "_package_dir", lambda *a: tmp_path)
+    sources.sharegpt_texts.cache_clear()
+    yield tmp_path / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    sources.sharegpt_texts.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def tiny(tiny_dir):
     from draftlab.data.verifier import load_verifier

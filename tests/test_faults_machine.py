@@ -207,18 +207,6 @@ def test_a_kernel_that_dies_with_its_runner_still_runs_every_notebook_to_the_end
     assert "42" in (tmp_path / "outputs" / "ci" / "01_probe.ipynb").read_text()
 
 
-@pytest.fixture
-def sharegpt_file(tmp_path, monkeypatch):
-    """Where `sources.sharegpt_texts` reads ShareGPT from: write the file's bytes here."""
-    from draftlab.data import sources
-
-    (tmp_path / "data").mkdir()
-    monkeypatch.setattr(sources, "_package_dir", lambda *a: tmp_path)
-    sources.sharegpt_texts.cache_clear()
-    yield tmp_path / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
-    sources.sharegpt_texts.cache_clear()
-
-
 def test_sharegpt_records_that_are_not_text_are_dropped_and_counted(sharegpt_file, tiny):
     from draftlab.data.generate import _chat_ids
     from draftlab.data.sources import sharegpt_texts
@@ -237,10 +225,10 @@ def test_sharegpt_records_that_are_not_text_are_dropped_and_counted(sharegpt_fil
     sharegpt_file.write_bytes(b"[\n" + b",\n".join(records) + b"\n]")
     texts, counts = sharegpt_texts(2000)
     counts = dict(counts)
-    assert [pid for pid, _, _ in texts] == ["sharegpt/good_0", "sharegpt/answer_0"]
+    assert [t.id for t in texts] == ["sharegpt/good_0", "sharegpt/answer_0"]
     assert counts["records read"] == 5 and counts["kept"] == 2
     assert counts["dropped: not valid text (bytes that are not UTF-8, or a lone surrogate)"] == 3
-    assert all(_chat_ids(tiny.tokenizer, t) for _, t, _ in texts)  # what the tokenizer refused before
+    assert all(_chat_ids(tiny.tokenizer, t) for t in texts)  # what the tokenizer refused before
 
 
 @pytest.fixture(scope="module")

@@ -32,9 +32,8 @@ def draft_dir(serve_verifier, tmp_path_factory):
 def _prompts(v):
     from draftlab.data.generate import _chat_ids
 
-    return [
-        {"id": f"p{i}", "source": "chat", "text": t, "ids": _chat_ids(v.tokenizer, t)} for i, t in enumerate(PROMPTS)
-    ]
+    rows = [{"id": f"p{i}", "source": "chat", "text": t} for i, t in enumerate(PROMPTS)]
+    return [{**r, "ids": _chat_ids(v.tokenizer, r)} for r in rows]
 
 
 def test_the_vllm_environment_imports_vllm_and_its_cli_runs():

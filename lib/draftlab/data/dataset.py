@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftlab import DraftlabError
+from draftlab.data.prompts import messages
 from draftlab.writes import writing
 
 
@@ -24,13 +25,14 @@ def require_chat_template(tok, where: object = "the verifier") -> None:
         )
 
 
-def tokenize_conversation(tok, prompt: str, response: str) -> tuple[list[int], list[int]]:
-    """Token ids of user + assistant turns and a mask that is 1 on the assistant's tokens only."""
-    user = [{"role": "user", "content": prompt}]
-    head = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=True, return_dict=False)
-    full = tok.apply_chat_template(
-        user + [{"role": "assistant", "content": response}], tokenize=True, return_dict=False
-    )
+def tokenize_conversation(tok, prompt, response: str) -> tuple[list[int], list[int]]:
+    """Token ids of a prompt's chat (`prompts.messages`: a Prompt or prompt-set row) and the verifier's
+    `response`, and a mask that is 1 on the response's tokens only: a later turn's context, the dataset's
+    assistant replies included, is read and never learnt, since only the response is the verifier's text."""
+    chat = messages(prompt)
+    head = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+    answered = chat + [{"role": "assistant", "content": response}]
+    full = tok.apply_chat_template(answered, tokenize=True, return_dict=False)
     if full[: len(head)] != head:
         raise DraftlabError(
             "The chat template renders the prompt differently once an answer follows it, so the "
@@ -60,7 +62,7 @@ def build_rows(
     extra = extra or {}
     pairs = [(p, r) for p in prompts for r in [responses[p.id], *(extra.get(p.id, []) if p.split == "train" else [])]]
     for p, response in pairs:
-        ids, mask = tokenize_conversation(tok, p.text, response)
+        ids, mask = tokenize_conversation(tok, p, response)
         st = stats[p.split]
         if len(ids) > max_length:
             st.truncated += 1

