@@ -210,7 +210,7 @@ online-gpu-job)
   rm -f /tmp/og-main.done; trap 'touch /tmp/og-main.done' EXIT  # the families job's 05 waits for this job's servers
   # FAMILIES=1: beside it, every family through 01-04 of the ci recipe on CUDA (flex, the fused loss where it works),
   # 05 (vLLM 0.25 serving what it serves) once this job's own 05 is over
-  [ -n "${FAMILIES:-}" ] && { bash "$0" families-cuda-job > /tmp/og-families.log 2>&1 & fam=$!; }
+  [ -n "${FAMILIES:-}" ] && { WAIT_MAIN=1 bash "$0" families-cuda-job > /tmp/og-families.log 2>&1 & fam=$!; }
   $py -m draftlab run --profile "$p" --only 01 > /tmp/og-01.log 2>&1 || { tail -c 3000 /tmp/og-01.log; exit 1; }
   ds=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['dataset_name'])")
   pack=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['pack_len'])")
@@ -224,15 +224,32 @@ online-gpu-job)
     || { tail -c 3000 /tmp/og-0405.log; exit 1; }
   touch /tmp/og-main.done
   [ -z "${fam:-}" ] || wait "$fam" || echo "the families job failed: /tmp/og-families.log" ;;
+families-cuda)
+  # Issue 32 on CUDA alone: the ci recipe of every family (SETF="--set draft_kinds=[peagle]" and the like narrows
+  # it) through 01-05 on the GPU, vLLM 0.25 serving what it serves. After the four staging calls, carry
+  # [".vllm/b"]: bash benchmarks/gpu_pipeline.sh families-cuda   (again, no carry, while it says "still running")
+  out="${OUT:-/tmp/out}"; log=/tmp/draftlab-families-cuda.log
+  install_once; vllm_install
+  background families-cuda && done=1 || done=
+  # shellcheck disable=SC2046
+  tar czf "$out/families-cuda.tar.gz" $(find outputs/ci-cuda -type f -size -2M 2>/dev/null) /tmp/og-fam-*.log \
+    $(${PY:-python3} -m draftlab.layout smollm2-ci-cuda metrics.jsonl 2>/dev/null) 2>/dev/null || true
+  for f in /tmp/og-fam-*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -n 14; }; done
+  [ -n "$done" ] || { echo "still running: call 'families-cuda' again within 30 s to wait on it"; exit 3; }
+  exit "$(cat "$log.rc")" ;;
 families-cuda-job)
-  # issue 32 on CUDA: the ci recipe (a few steps of every family) on the GPU, its own run and dataset
+  # issue 32 on CUDA: the ci recipe (a few steps of every family) on the GPU, its own run and dataset; beside
+  # online-gpu-job (WAIT_MAIN=1) its 05 waits until that job's servers are gone
   install_once; vllm_install
   set -x
   py="${PY:-python3}"
+  while [ -z "${SKIP_INSTALL:-}" ] && [ ! -f /tmp/convert.log.rc ]; do sleep 1; done
+  # shellcheck disable=SC2206  # SETF: further `--set key=value` arguments for every stage
   cuda=(--profile ci --run-name ci-cuda --set device="${DEVICE:-cuda}" --set dtype="${DTYPE:-bfloat16}"
-    --set dataset_name=smollm2-ci-cuda)
-  $py -m draftlab run "${cuda[@]}" --set engine=hf --only 01,02,03,04 > /tmp/og-fam-0104.log 2>&1 || { tail -c 3000 /tmp/og-fam-0104.log; exit 1; }
-  while [ ! -f /tmp/og-main.done ]; do sleep 2; done
+    --set dataset_name=smollm2-ci-cuda ${SETF:-})
+  $py -m draftlab run "${cuda[@]}" --set engine=hf --only 01,02,03,04 > /tmp/og-fam-0104.log 2>&1 \
+    || { tail -c 3000 /tmp/og-fam-0104.log; exit 1; }
+  while [ -n "${WAIT_MAIN:-}" ] && [ ! -f /tmp/og-main.done ]; do sleep 2; done
   $py -m draftlab run "${cuda[@]}" --only 05 > /tmp/og-fam-05.log 2>&1 || { tail -c 3000 /tmp/og-fam-05.log; exit 1; } ;;
 online-job)
   install_once; vllm_install
@@ -437,6 +454,6 @@ run)
   done
   exit "$(cat "$log.rc")" ;;
 *)
-  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | h200 | online | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
+  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | h200 | online | online-gpu | families-cuda | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
   exit 2 ;;
 esac
