@@ -108,3 +108,20 @@ def test_aux_layer_ids_must_be_whole_numbers(ids):
     with pytest.raises(DraftlabError, match=r"layer_ids=.*: aux layer ids are a list of whole numbers \(ints\)"):
         validate_layer_ids(ids, 8)
     assert validate_layer_ids([np.int64(5), 2], 8) == [2, 5]  # ints of any kind
+
+
+def test_stage_01_sees_a_key_an_older_dataset_lacks_as_the_value_it_implied(home):
+    """A dataset made before `sharegpt_turns` existed was made with first turns only: switching it to `all`
+    is a change (refused while drafts use it), keeping `first` resumes."""
+    import json
+
+    from draftlab.config import start_stage
+
+    r0 = _dataset_with_drafts_of("r0")
+    path = r0.resolved_config("01")
+    record = json.loads(path.read_text())
+    del record["config"]["sharegpt_turns"]
+    path.write_text(json.dumps(record))
+    with pytest.raises(DraftlabError, match=r"sharegpt_turns='first' -> 'all'"):
+        start_stage("01", "ci", "r1", {"sharegpt_turns": "all"})
+    start_stage("01", "ci", "r1", {"sharegpt_turns": "first"})
