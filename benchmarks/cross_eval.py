@@ -1,7 +1,9 @@
 """Each dataset's EAGLE-3 draft on each dataset's eval split, teacher-forced first-position accuracy
 (issue 17: a draft trained on bf16-written answers against one trained on fp32-written answers, both
-read on the same held-out text).
+read on the same held-out text; issue 31: a draft trained on ShareGPT's first turns against one trained on every
+turn). A dataset may name its run as `dataset:run` (else --run-name).
     python benchmarks/cross_eval.py --datasets smollm2-default smollm2-default-bf16
+    python benchmarks/cross_eval.py --datasets smollm2-gpu:gpu smollm2-gpu-all:gpu-all --rows 1024
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
     v = load_verifier("smollm2", device=args.device, dtype=args.dtype)
+    layouts = {ds: RunLayout(*(ds.split(":", 1) if ":" in ds else (ds, args.run_name))) for ds in args.datasets}
     table = {}
-    for trained in args.datasets:
-        d = load_draft(trained_draft(RunLayout(trained, args.run_name).draft("eagle3")), v)
+    for trained, layout in layouts.items():
+        d = load_draft(trained_draft(layout.draft("eagle3")), v)
         table[trained] = {
-            ev: round(offline_alpha(d, RunLayout(ev, args.run_name).split("eval"), 1, max_rows=args.rows)[0], 4)
-            for ev in args.datasets
+            ev: round(offline_alpha(d, on.split("eval"), 1, max_rows=args.rows)[0], 4) for ev, on in layouts.items()
         }
     print(
         "| EAGLE-3 trained on | "

@@ -27,7 +27,7 @@ def test_every_family_is_a_row_with_its_served_figure_or_vllms_reason():
             {"server": "with eagle3", "tokens/s": 90.0, "speed-up": 0.9},  # a later level of requests in flight
         ],
     }
-    trained = {"eagle3": {"train tokens/s (median)": 1000.0, "wall seconds": 12.0}}
+    trained = {"eagle3": {"train tokens/s (whole run)": 1000.0, "wall seconds": 12.0}}
     rows = {r["proposer"]: r for r in family_rows(estimates, drafts, served_report, trained, {"mtp": "no MTP"}, {})}
     assert list(rows) == ["ngram", "eagle3", "dspark", "mtp"]
     e3, ds = rows["eagle3"], rows["dspark"]

@@ -138,6 +138,23 @@ def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data, la
     assert r["identical tensors"] and r["identical outputs"] and r["loss"] == r["reloaded loss"]
 
 
+def test_summary_gives_the_whole_runs_pace_beside_the_median_step():
+    """Online, packs stall now and then: 9 steps of 0.03 s and one of 1.2 s waiting for its pack. The median says
+    0.03 s a step; the run took 0.15 s a step, and its tokens/s say so."""
+    from draftlab.training.train import summary
+
+    steps = [0.5] + [0.03] * 8 + [1.2, 0.03]  # the first compiles: left out of both paces
+    rec = [
+        {"split": "train", "step": i, "seconds": t, "tokens_per_s": 300 / t, "data_s": t - 0.02}
+        for i, t in enumerate(steps, 1)
+    ] + [{"split": "eval", "step": len(steps), "loss": 1.0, "full_acc_0": 0.5}]
+    s = summary("eagle3", rec)
+    assert s["train tokens/s (median)"] == pytest.approx(10_000)
+    assert s["train tokens/s (whole run)"] == pytest.approx(3000 / 1.47)
+    assert s["step seconds (median / mean)"] == pytest.approx((0.03, 0.147))
+    assert s["share of the run waiting for packs"] == pytest.approx((1.47 - 0.2) / 1.47)
+
+
 def test_data_of_another_verifier_is_refused(tiny, data, tmp_path):
     from draftlab.data.verifier import load_verifier
 

@@ -48,7 +48,7 @@ def family_rows(
         row["speed-up"] = round(speed["speed-up"], 3) if speed else None
         row["trainable parameters"] = trainable(drafts[kind].model) if kind else 0
         t = (trained or {}).get(kind, {}) if kind else {}
-        row["train tokens/s"] = t.get("train tokens/s (median)")
+        row["train tokens/s"] = t.get("train tokens/s (whole run)")
         row["train seconds"] = t.get("wall seconds")
         rows.append(row)
     rows += [{"proposer": kind, "tau, draftlab loop (95%)": f"refused: {why}"} for kind, why in refused.items()]
