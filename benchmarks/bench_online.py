@@ -4,6 +4,7 @@ the disk each keeps (BENCHMARKS.md, "Online hidden states").
 
     python benchmarks/bench_online.py --dataset smollm2-ci --steps 40 --pack-len 512
     python benchmarks/bench_online.py --dataset smollm2-ci --loader-workers 4   # online: 4 processes ask vLLM at once
+    python benchmarks/bench_online.py --dataset smollm2-ci --online-requests 1,16   # rows asked at once: 1 or 16
     python benchmarks/bench_online.py --dataset smollm2-gpu --rows 256 --pack-len 8192 --loader-workers 4,12
         # the gpu profile's data (online stage 01 kept its first 256 train rows' states): online with 4, then 12
         # loader processes, both on one extraction server
@@ -72,6 +73,12 @@ def main() -> None:
         help="processes reading packs ahead, comma-separated for several online runs on one server "
         "(default: what draftlab picks, offline and online)",
     )
+    ap.add_argument(
+        "--online-requests",
+        default="16",
+        help="rows of a pack each reader asks vLLM for at once, comma-separated for several online runs "
+        "(1: one row after another, as before 2026-12-03)",
+    )
     args = ap.parse_args()
 
     import torch
@@ -93,12 +100,12 @@ def main() -> None:
     workers = [int(w) for w in args.loader_workers.split(",") if w] or [None]
     results = {}
 
-    def run(name, mode, n_workers, online=None):
+    def run(name, mode, n_workers, online=None, requests=16):
         torch.manual_seed(0)
         d = draft.build_draft(args.kind, v, data / "train", draft_vocab_size=cfg.get("draft_vocab_size"))
         s = train.Settings(
             train_steps=args.steps, pack_len=args.pack_len, eval_every=args.steps, checkpoint_every=args.steps,
-            eval_packs=1, hidden_states=mode, loader_workers=n_workers,
+            eval_packs=1, hidden_states=mode, loader_workers=n_workers, online_requests=requests,
         )  # fmt: skip
         out = tmp / name
         t0 = time.perf_counter()
@@ -128,7 +135,8 @@ def main() -> None:
     with state_server(v, json.loads((data / "train" / "manifest.json").read_text())["layer_ids"], n) as online:
         start = round(time.perf_counter() - t0, 1)
         for w in workers:
-            run(f"online, {w if w is not None else 'picked'} loaders", "online", w, online)
+            for r in [int(x) for x in args.online_requests.split(",")]:
+                run(f"online, {w if w is not None else 'picked'} loaders, {r} at once", "online", w, online, r)
     subprocess.run(["rm", "-rf", str(tmp)], check=False)
     off = results["offline"]
     print(f"one extraction server for the online runs, ready after {start} s")

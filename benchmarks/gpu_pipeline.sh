@@ -186,8 +186,9 @@ online)
   exit "$(cat "$log.rc")" ;;
 online-gpu)
   # Issue 31 on the gpu profile (hidden_states: online): 01 (vLLM writes the answers; states kept for the first 256
-  # train rows only), then bench_online.py on those rows at the profile's pack length (offline, then online with 4 and
-  # with 12 loader processes on one extraction server), then 04 (online) and 05. After the four staging calls, carry
+  # train rows only), then bench_online.py on those rows at the profile's pack length, 300 steps (offline, then online
+  # with 12 loader processes asking for 1 and for 16 rows of a pack at once, on one extraction server), then 04 (online)
+  # and 05. After the four staging calls, carry
   # [".vllm/b"]: bash benchmarks/gpu_pipeline.sh online-gpu   (again, no carry, while it says "still running")
   # BENCH=0 leaves the bench out; SET05="--set k=v ..." changes 04 and 05; FAMILIES=1 adds issue 32's
   # families-cuda-job beside it (every family, ci recipe).
@@ -215,8 +216,10 @@ online-gpu-job)
   ds=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['dataset_name'])")
   pack=$($py -c "from draftlab.config import load_profile; print(load_profile('$p')['pack_len'])")
   if [ "${BENCH:-1}" != 0 ]; then  # BENCH=0: the offline/online step bench left out (measured: BENCHMARKS.md)
-    $py benchmarks/bench_online.py --dataset "$ds" --rows "${ROWS:-256}" --steps "${STEPS:-30}" --pack-len "$pack" \
-      --loader-workers "${LOADERS:-4,12}" --json /tmp/bench-online-gpu.json > /tmp/og-bench.log 2>&1 \
+    # 300 steps: the loaders' read-ahead (filled while the first step compiles) must not hide the server's pace
+    $py benchmarks/bench_online.py --dataset "$ds" --rows "${ROWS:-256}" --steps "${STEPS:-300}" --pack-len "$pack" \
+      --loader-workers "${LOADERS:-12}" --online-requests "${REQUESTS:-1,16}" --json /tmp/bench-online-gpu.json \
+      > /tmp/og-bench.log 2>&1 \
       || echo "the online bench failed: /tmp/og-bench.log"
   fi
   # shellcheck disable=SC2086  # SET05: further `--set key=value` arguments for 04 and 05

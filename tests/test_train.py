@@ -726,3 +726,33 @@ def test_the_draft_handed_to_train_stays_in_training_and_earlier_stages_call_by_
         sys.setprofile(None)
     away = {(p, f) for p, f in calls if not p.startswith(HOME)}
     assert any(p == "draftlab/drafts/forward.py" for p, _ in calls) and not away, sorted(away)
+
+
+def test_online_rows_of_a_pack_are_asked_at_once_and_come_back_in_order():
+    """Online, each row is a request that waits on vLLM: `read_rows` keeps up to `requests` of a pack's rows in
+    flight (the first alone, as it sets up speculators' client) and returns them in the pack's order; offline
+    datasets, and requests=1, read one row after another."""
+    import threading
+    import time
+
+    from draftlab.training.data import read_rows
+
+    class Rows:
+        def __init__(self, on_missing):
+            self.on_missing, self.now, self.most, self.lock = on_missing, 0, 0, threading.Lock()
+
+        def __getitem__(self, i):
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(0.05 * (i % 3))  # later rows may finish first
+            with self.lock:
+                self.now -= 1
+            return {"row": i}
+
+    idx = [7, 3, 5, 1, 8, 2, 4]
+    online = Rows("generate")
+    assert read_rows(online, idx, requests=4) == [{"row": i} for i in idx]
+    assert online.most == 4
+    for ds, requests in ((Rows("generate"), 1), (Rows("raise"), 16)):
+        assert read_rows(ds, idx, requests) == [{"row": i} for i in idx] and ds.most == 1

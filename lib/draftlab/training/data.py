@@ -101,13 +101,28 @@ def open_eval(draft, folder: Path, pack_len: int, online=None):
     return open_split(draft, folder, pack_len, online)
 
 
+def read_rows(ds, indices, requests: int = 1) -> list:
+    """The rows of one pack, in order. Online each row is a request to vLLM that waits for its states; asked one
+    at a time, 12 readers kept 12 requests in flight and the H200 run waited on packs for 85% of its time
+    (BENCHMARKS.md, "Online hidden states"), so up to `requests` rows of a pack are asked at once from threads
+    (vLLM batches what is in flight). The first row is read alone: it sets up speculators' client."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    idx = [int(i) for i in indices]
+    if requests < 2 or len(idx) < 2 or getattr(ds, "on_missing", None) != "generate":
+        return [ds[i] for i in idx]
+    first = ds[idx[0]]
+    with ThreadPoolExecutor(min(requests, len(idx) - 1)) as pool:
+        return [first, *pool.map(ds.__getitem__, idx[1:])]
+
+
 class Packs:
     """Packs of one split in speculators' order: `indices(step)` for training, `all()` for eval."""
 
-    def __init__(self, draft, ds, pack_len: int, seed: int):
+    def __init__(self, draft, ds, pack_len: int, seed: int, requests: int = 1):
         from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
-        self.ds, self.seed = ds, seed
+        self.ds, self.seed, self.requests = ds, seed, requests
         self.length, self.why = pack_length(pack_len, draft.kind, draft.attention)
         self.sampler = MultipackDistributedBatchSamplerV2(
             self.length, ds.approx_lengths, num_replicas=1, rank=0, seed=seed
@@ -137,7 +152,7 @@ class Packs:
 
     def batch(self, indices) -> dict:
         hidden, n_layers, dtype, shift = self.shape
-        return collate([self.ds[int(i)] for i in indices], self.length, hidden, n_layers, dtype, shift)
+        return collate(read_rows(self.ds, indices, self.requests), self.length, hidden, n_layers, dtype, shift)
 
     def at(self, step: int) -> tuple[dict, tuple[int, int]]:
         epoch, k = self.position(step)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from draftlab import DraftlabError
 
 # Settings that change how often things happen, not what is trained: free to differ on resume.
-CADENCE = ("eval_every", "checkpoint_every", "eval_packs", "keep_checkpoints", "loader_workers")
+CADENCE = ("eval_every", "checkpoint_every", "eval_packs", "keep_checkpoints", "loader_workers", "online_requests")
 # where the hidden states come from: the same states either way (tests/test_online.py), so not a hyper-parameter
 SOURCE = ("hidden_states",)
 
@@ -38,6 +38,7 @@ class Settings:
     keep_checkpoints: int = 2
     loader_workers: int | None = None  # processes reading packs ahead; None: device.loader_workers picks
     hidden_states: str = "offline"  # "offline": stage 01's files; "online": made by vLLM as packs are read
+    online_requests: int = 16  # online: rows of its pack each reader asks vLLM for at once (data.read_rows)
 
     def __post_init__(self):
         """Refused here, named, rather than as a ZeroDivisionError deep in the loop."""
@@ -48,6 +49,7 @@ class Settings:
             ("pack_len", 1),
             ("warmup_steps", 0),
             ("keep_checkpoints", 1),
+            ("online_requests", 1),
         ):
             check_count(
                 name,

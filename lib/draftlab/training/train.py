@@ -90,7 +90,8 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
     from draftlab.progress import progress_bar
 
     options = forward_options(draft.kind, s)
-    train_packs = Packs(draft, open_split(draft, data / "train", s.pack_len, online), s.pack_len, s.seed)
+    train_ds = open_split(draft, data / "train", s.pack_len, online)
+    train_packs = Packs(draft, train_ds, s.pack_len, s.seed, s.online_requests)
     if online is None:
         require_states(train_packs.ds, data / "train")
     eval_packs = Packs(draft, open_eval(draft, data / "eval", s.pack_len, online), s.pack_len, 0)
@@ -115,7 +116,8 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
     draft.choices["hidden states"] = (
         (
             s.hidden_states,
-            f"train: made by vLLM as packs are read ({online.endpoint}), none kept on disk; eval: "
+            f"train: made by vLLM as packs are read ({online.endpoint}, up to {s.online_requests} rows of a pack "
+            "asked at once by each reader), none kept on disk; eval: "
             + (
                 "stage 01's files (the same packs at every evaluation)"
                 if eval_packs.ds.on_missing == "raise"
