@@ -94,6 +94,38 @@ background() {
   [ -f "$log.rc" ]
 }
 
+report() {
+  # Every call of a background job: waits on it (`background`), then packs what it has so far into $OUT/$1.tar.gz
+  # (the paths function $2 prints, run after the wait, and the logs matching $3), so a lease that ends early still
+  # leaves its finished parts, and prints each log's tail. While the job runs: exit 3 (call again within 30 s).
+  # Once over: the notebooks' timing tables; the caller then exits with the job's status (`status_of`).
+  local job="$1" files="$2" logs="$3" done=
+  background "$job" && done=1
+  # shellcheck disable=SC2046,SC2086
+  tar czf "$out/$job.tar.gz" $($files 2>/dev/null) $logs 2>/dev/null || true
+  # shellcheck disable=SC2086
+  for f in $logs; do [ -f "$f" ] && { echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -n 14; echo; }; done
+  [ -n "$done" ] || { echo "still running: call '$job' again within 30 s to wait on it"; exit 3; }
+  # shellcheck disable=SC2086
+  grep -a -h -A8 "^notebook " $logs || true
+}
+
+status_of() { cat "/tmp/draftlab-$1.log.rc"; }
+
+# what each job's report packs (small files only: a call brings back at most 64 MiB)
+h200_files() {
+  find "outputs/${PROFILE:-gpu}" -type f -size -2M; find /tmp/h200 -type f -size -8M
+  ${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" metrics.jsonl
+}
+online_gpu_files() {
+  find "outputs/${PROFILE:-gpu}" outputs/ci-cuda -type f -size -2M; ls /tmp/bench-online-gpu.json
+  ${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" metrics.jsonl
+  ${PY:-python3} -m draftlab.layout smollm2-ci-cuda metrics.jsonl
+}
+families_cuda_files() {
+  find outputs/ci-cuda -type f -size -2M; ${PY:-python3} -m draftlab.layout smollm2-ci-cuda metrics.jsonl
+}
+
 case "${1:-}" in
 prepare)
   # shellcheck disable=SC2086
@@ -119,29 +151,14 @@ fingerprint(resolve_verifier(\"smollm2\"))' > /tmp/convert.log 2>&1; echo \$? > 
 stage-vllm)
   cp ".vllm/${2:?a or b}/part" "/tmp/vllm.part.$2" ;;
 h200)
-  out="${OUT:-/tmp/out}"; mkdir -p "$out"; log=/tmp/draftlab-h200.log; res=/tmp/h200
-  install_once
-  if [ ! -f "$log" ]; then
-    vllm_install
-    setsid nohup bash -c "bash $0 h200-job > $log 2>&1; echo \$? > $log.rc" < /dev/null > /dev/null 2>&1 &
-  fi
-  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
-  cp "$log" "$out/log-h200.txt"
-  p="${PROFILE:-gpu}"
-  # what there is so far comes back at every call: a lease that ends early still leaves its finished parts
-  # shellcheck disable=SC2046
-  tar czf "$out/h200.tar.gz" $(find "outputs/$p" -type f -size -2M 2>/dev/null) $(find "$res" -type f -size -8M 2>/dev/null) \
-    /tmp/h200-*.log $(${PY:-python3} -m draftlab.layout "smollm2-$p" metrics.jsonl 2>/dev/null) 2>/dev/null || true
-  if [ ! -f "$log.rc" ]; then
-    for f in /tmp/h200-*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 700 "$f"; echo; }; done
-    tail -c 1500 "$log"; echo; echo "still running: call 'h200' again within 30 s to wait on it"; exit 3
-  fi
-  grep -a -h -A8 "^notebook " /tmp/h200-*.log || true
+  out="${OUT:-/tmp/out}"; res=/tmp/h200; p="${PROFILE:-gpu}"
+  install_once; vllm_install
+  report h200 h200_files "/tmp/h200-*.log"
   for f in "$res"/*.txt; do [ -f "$f" ] && { echo "== $f"; grep -v -e "Regenerating" -e "Loading weights" "$f" | tail -n 25; }; done
   for f in outputs/"$p"/01/summary.json outputs/"$p"/05/metrics.json; do
     [ -f "$f" ] && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], json.dumps(d.get('generation', d.get('served', {}).get('tau')), default=str)[:2500])" "$f"
   done
-  exit "$(cat "$log.rc")" ;;
+  exit "$(status_of h200)" ;;
 h200-job)
   # 01 with vLLM writing the answers; then, beside 02 and 03, the stage-01 benchmarks: the extraction server starts at
   # once and its timed parts wait for the generation bench (each measured with the GPU otherwise quiet); 04 and 05.
@@ -192,17 +209,10 @@ online-gpu)
   # [".vllm/b"]: bash benchmarks/gpu_pipeline.sh online-gpu   (again, no carry, while it says "still running")
   # BENCH=0 leaves the bench out; SET05="--set k=v ..." changes 04 and 05; FAMILIES=1 adds issue 32's
   # families-cuda-job beside it (every family, ci recipe).
-  out="${OUT:-/tmp/out}"; log=/tmp/draftlab-online-gpu.log; p="${PROFILE:-gpu}"
+  out="${OUT:-/tmp/out}"
   install_once; vllm_install
-  background online-gpu && done=1 || done=
-  # shellcheck disable=SC2046
-  tar czf "$out/online-gpu.tar.gz" $(find "outputs/$p" outputs/ci-cuda -type f -size -2M 2>/dev/null) /tmp/og-*.log \
-    /tmp/bench-online-gpu.json $(${PY:-python3} -m draftlab.layout "smollm2-$p" metrics.jsonl 2>/dev/null) \
-    $(${PY:-python3} -m draftlab.layout smollm2-ci-cuda metrics.jsonl 2>/dev/null) 2>/dev/null || true
-  for f in /tmp/og-*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 1200 "$f" | tr '\r' '\n' | tail -n 12; echo; }; done
-  [ -n "$done" ] || { echo "still running: call 'online-gpu' again within 30 s to wait on it"; exit 3; }
-  grep -a -h -A8 "^notebook " /tmp/og-*.log || true
-  exit "$(cat "$log.rc")" ;;
+  report online-gpu online_gpu_files "/tmp/og-*.log"
+  exit "$(status_of online-gpu)" ;;
 online-gpu-job)
   install_once; vllm_install
   set -x
@@ -231,15 +241,10 @@ families-cuda)
   # Issue 32 on CUDA alone: the ci recipe of every family (SETF="--set draft_kinds=[peagle]" and the like narrows
   # it) through 01-05 on the GPU, vLLM 0.25 serving what it serves. After the four staging calls, carry
   # [".vllm/b"]: bash benchmarks/gpu_pipeline.sh families-cuda   (again, no carry, while it says "still running")
-  out="${OUT:-/tmp/out}"; log=/tmp/draftlab-families-cuda.log
+  out="${OUT:-/tmp/out}"
   install_once; vllm_install
-  background families-cuda && done=1 || done=
-  # shellcheck disable=SC2046
-  tar czf "$out/families-cuda.tar.gz" $(find outputs/ci-cuda -type f -size -2M 2>/dev/null) /tmp/og-fam-*.log \
-    $(${PY:-python3} -m draftlab.layout smollm2-ci-cuda metrics.jsonl 2>/dev/null) 2>/dev/null || true
-  for f in /tmp/og-fam-*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -n 14; }; done
-  [ -n "$done" ] || { echo "still running: call 'families-cuda' again within 30 s to wait on it"; exit 3; }
-  exit "$(cat "$log.rc")" ;;
+  report families-cuda families_cuda_files "/tmp/og-fam-*.log"
+  exit "$(status_of families-cuda)" ;;
 families-cuda-job)
   # issue 32 on CUDA: the ci recipe (a few steps of every family) on the GPU, its own run and dataset; beside
   # online-gpu-job (WAIT_MAIN=1) its 05 waits until that job's servers are gone
