@@ -35,6 +35,9 @@
 # BENCH=0 leaves out the stage-01 benchmarks and notebooks 02-03 (01, 04, 05 only: 20.1 of the 30 minutes on
 # 2026-12-02, from the machine's start: 01 391 s, 04 330 s, 05 363 s). A call that must end before the
 # lease does takes WAIT_S (seconds it waits) lower: every call brings back what is finished so far.
+# The same four staging calls, then carry [".vllm/b"] instead of `h200`: `online-gpu` (the gpu profile online through
+# vLLM's acceptance), `families-cuda` (every family, ci recipe, on CUDA) or `turns` (ShareGPT's first turns against
+# every turn, by held-out accuracy); each case below says what it runs.
 # Here, a dry run on the ci data of the whole job (no CUDA, this machine's vLLM; nothing installed):
 #   PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRAFTLAB_VLLM=.venv-vllm/bin/vllm \
 #     EXTRACT_ROWS=16 GEN_PROMPTS=16 bash benchmarks/gpu_pipeline.sh h200
@@ -121,6 +124,10 @@ online_gpu_files() {
   find "outputs/${PROFILE:-gpu}" outputs/ci-cuda -type f -size -2M; ls /tmp/bench-online-gpu.json
   ${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" metrics.jsonl
   ${PY:-python3} -m draftlab.layout smollm2-ci-cuda metrics.jsonl
+}
+turns_files() {
+  find outputs/"${PROFILE:-gpu}"-turns-* -type f -size -2M; ls /tmp/turns-cross.txt
+  ${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}-turns-*" metrics.jsonl
 }
 families_cuda_files() {
   find outputs/ci-cuda -type f -size -2M; ${PY:-python3} -m draftlab.layout smollm2-ci-cuda metrics.jsonl
@@ -245,6 +252,30 @@ families-cuda)
   install_once; vllm_install
   report families-cuda families_cuda_files "/tmp/og-fam-*.log"
   exit "$(status_of families-cuda)" ;;
+turns)
+  # Issue 31 item 6: the gpu profile with ShareGPT's first turns against every turn (sharegpt_turns), each its own
+  # dataset, 01 and 04 (EAGLE-3 alone, online as the profile trains), then each draft's held-out first-position
+  # accuracy on both eval splits (benchmarks/cross_eval.py): the value that reads higher is the profile's. After the
+  # four staging calls, carry [".vllm/b"]: bash benchmarks/gpu_pipeline.sh turns   (again, no carry, while it says
+  # "still running"). SETT="--set k=v ..." changes both runs alike (e.g. train_steps).
+  out="${OUT:-/tmp/out}"
+  install_once; vllm_install
+  report turns turns_files "/tmp/turns-*.log"
+  grep -a -e "^|" -e "^{" /tmp/turns-cross.txt 2>/dev/null || true
+  exit "$(status_of turns)" ;;
+turns-job)
+  install_once; vllm_install
+  set -x
+  py="${PY:-python3}"; p="${PROFILE:-gpu}"
+  while [ -z "${SKIP_INSTALL:-}" ] && [ ! -f /tmp/convert.log.rc ]; do sleep 1; done
+  for t in first all; do
+    # shellcheck disable=SC2086
+    $py -m draftlab run --profile "$p" --run-name "$p-turns-$t" --only 01,04 --set sharegpt_turns="$t" \
+      --set dataset_name="smollm2-$p-turns-$t" --set "draft_kinds=[eagle3]" ${SETT:-} > "/tmp/turns-$t.log" 2>&1 \
+      || { tail -c 3000 "/tmp/turns-$t.log"; exit 1; }
+  done
+  $py benchmarks/cross_eval.py --rows "${EVAL_ROWS:-1000}" --device "${DEVICE:-auto}" --dtype "${DTYPE:-auto}" \
+    --datasets "smollm2-$p-turns-first:$p-turns-first" "smollm2-$p-turns-all:$p-turns-all" > /tmp/turns-cross.txt 2>&1 ;;
 families-cuda-job)
   # issue 32 on CUDA: the ci recipe (a few steps of every family) on the GPU, its own run and dataset; beside
   # online-gpu-job (WAIT_MAIN=1) its 05 waits until that job's servers are gone
@@ -462,6 +493,6 @@ run)
   done
   exit "$(cat "$log.rc")" ;;
 *)
-  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | h200 | online | online-gpu | families-cuda | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
+  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | h200 | online | online-gpu | families-cuda | turns | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
   exit 2 ;;
 esac

@@ -146,10 +146,6 @@ STAGES: dict[str, type[Base]] = {"01": Extract, "02": Masks, "03": Build, "04": 
 # Stage-01 keys that set how fast 01 works, not what it writes: changing them resumes a dataset, never rewrites it.
 PACE_KEYS = ("gen_batch_size", "extract_batch_size")
 
-# Stage-01 keys added after datasets were made with them implied: the value a saved config without the key
-# stood for, so switching such a dataset to another value is seen as the change it is.
-IMPLIED_BEFORE = {"sharegpt_turns": "first"}
-
 
 def readers(key: str) -> list[str]:
     """The stages whose config has `key`, in order (a `--set` of it takes effect only where one of them runs)."""
@@ -237,7 +233,7 @@ def open_stage(stage: str, profile: str, run_name: str, overrides: dict | None =
     cfg = load_stage(stage, profile, overrides)
     layout = RunLayout(cfg.dataset_name, run_name)
     if stage == "01":
-        layout.refuse_rewrite(asdict(cfg), ignore=PACE_KEYS, implied=IMPLIED_BEFORE)
+        layout.refuse_rewrite(asdict(cfg), ignore=PACE_KEYS)
     return cfg, layout
 
 

@@ -21,6 +21,10 @@ from draftlab.files import read_json
 SPLITS = ("train", "eval")  # the splits 01 stores rows and hidden states of; bench is prompts only
 
 
+# Stage-01 keys added after datasets were made -> the value a saved config without them was made with.
+IMPLIED_BEFORE = {"sharegpt_turns": "first"}
+
+
 @dataclass(frozen=True)
 class RunLayout:
     dataset_name: str
@@ -143,14 +147,14 @@ class RunLayout:
                     f"(draftlab run --only {stage},{here} --set {key}=...), or drop that setting."
                 )
 
-    def refuse_rewrite(self, config: dict, ignore: tuple[str, ...] = (), implied: dict | None = None) -> None:
+    def refuse_rewrite(self, config: dict, ignore: tuple[str, ...] = ()) -> None:
         """Refuse, before stage 01 writes anything, to change this dataset (a `config` that differs from the
         one 01 last ran with, keys in `ignore` aside) while other runs hold drafts trained on it: their
-        drafts would no longer match their data. Same settings resume. `implied`: the value a key stood for
-        in a config saved before the key existed (a saved config without it is compared as if it had it)."""
+        drafts would no longer match their data. Same settings resume. A config saved before a key existed is
+        compared as if it held the value it was made with (`IMPLIED_BEFORE`)."""
         path = self.resolved_config("01")
         saved = json.loads(path.read_text()).get("config", {}) if path.exists() else {}
-        saved = {**(implied or {}), **saved} if saved else {}
+        saved = {**IMPLIED_BEFORE, **saved} if saved else {}
         changed = {k: (saved[k], v) for k, v in config.items() if k in saved and k not in ignore and saved[k] != v}
         others = [r for r in runs_on(self.dataset_name, self.root) if r.run_name != self.run_name]
         if changed and others:
