@@ -124,4 +124,8 @@ def test_stage_01_sees_a_key_an_older_dataset_lacks_as_the_value_it_implied(home
     path.write_text(json.dumps(record))
     with pytest.raises(DraftlabError, match=r"sharegpt_turns='first' -> 'all'"):
         start_stage("01", "ci", "r1", {"sharegpt_turns": "all"})
-    start_stage("01", "ci", "r1", {"sharegpt_turns": "first"})
+    cfg, layout = start_stage("04", "ci", "r0", {"sharegpt_turns": "all"})  # 04 does not read it: 01's value holds
+    with pytest.raises(DraftlabError, match=r"sharegpt_turns='all' is set for run 'r0', but stage 04 does not read "):
+        layout.upstream("01", cfg)
+    assert layout.upstream("01", start_stage("04", "ci", "r0")[0])["sharegpt_turns"] == "first"
+    start_stage("01", "ci", "r1", {"sharegpt_turns": "first"})  # the value it was made with: resumes

@@ -21,7 +21,8 @@ from draftlab.files import read_json
 SPLITS = ("train", "eval")  # the splits 01 stores rows and hidden states of; bench is prompts only
 
 
-# Stage-01 keys added after datasets were made -> the value a saved config without them was made with.
+# Stage-01 keys added after datasets were made -> the value a saved config without them was made with (read so by
+# `upstream` and `refuse_rewrite` alike).
 IMPLIED_BEFORE = {"sharegpt_turns": "first"}
 
 
@@ -124,8 +125,9 @@ class RunLayout:
                     f"{key}={getattr(cfg, key)!r} here, but stage {stage} ran with {key}={saved['config'].get(key)!r} "
                     f"({path}): use the same {key}, or re-run notebook {stage} with this one."
                 )
-        self._refuse_unread_overrides(stage, cfg, saved["config"], path)
-        return saved["config"]
+        used = {**IMPLIED_BEFORE, **saved["config"]} if stage == "01" else saved["config"]
+        self._refuse_unread_overrides(stage, cfg, used, path)
+        return used
 
     def _refuse_unread_overrides(self, stage: str, cfg, used: dict, path: Path) -> None:
         """An override of this run (recorded in the calling stage's resolved config) that the calling stage
