@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import tempfile
 import time
@@ -112,21 +111,20 @@ def main() -> None:
         train.train(d, data, s, run_dir=out, online=online)
         wall = time.perf_counter() - t0
         recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-        steps = [r for r in recs if r["split"] == "train"]
-        steps = steps[min(args.skip, len(steps) - 1) :]  # a short run keeps its last step at least
+        pace = train.summary(args.kind, recs, skip=args.skip)  # notebook 04's figures, after the first --skip steps
+        median_step, mean_step = pace["step seconds (median / mean)"]
         results[name] = {
             "loader": d.choices["data loading"][0],
-            "median tokens/s": statistics.median(r["tokens_per_s"] for r in steps),
-            "median step s": statistics.median(r["seconds"] for r in steps),
-            "mean step s": statistics.fmean(r["seconds"] for r in steps),
-            "tokens/s (whole run)": sum(r["tokens_per_s"] * r["seconds"] for r in steps)
-            / sum(r["seconds"] for r in steps),
-            "share of a step waiting for its pack": statistics.median(r["data_s"] / r["seconds"] for r in steps),
+            "median tokens/s": pace["train tokens/s (median)"],
+            "median step s": median_step,
+            "mean step s": mean_step,
+            "tokens/s (whole run)": pace["train tokens/s (whole run)"],
+            "share of a step waiting for its pack": pace["share of a step waiting for its pack (median)"],
             "wall s": round(wall, 1),
             "hidden states on disk (bytes)": du(data / "train" / "hidden_states") + du(data / "eval" / "hidden_states")
             if mode == "offline"
             else 0,
-            "final loss": steps[-1]["loss"],
+            "final loss": [r for r in recs if r["split"] == "train"][-1]["loss"],
         }
 
     run("offline", "offline", workers[0])

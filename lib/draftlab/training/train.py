@@ -194,29 +194,29 @@ def position_accuracies(kind: str, record: dict) -> dict[int, float]:
     return recipe(kind).position_accuracies(record)
 
 
-def summary(kind: str, records: list[dict]) -> dict:
+def summary(kind: str, records: list[dict], skip: int = 1) -> dict:
     """The last evaluation of a run, its first-position accuracy, its training speed, and the first step's
     seconds: on CUDA that step compiles the draft's forward and backward, the largest fixed cost of a short run.
-    Speed is given two ways, the steps after the first: the median step (the pace when packs are ready) and the
-    whole run (tokens over seconds, what a user waits for). They part where packs stall now and then: online on
-    the H200 the median step took 0.032 s and the run 0.189 s a step, the extraction server's pace (BENCHMARKS.md,
-    "Online hidden states"); quoting the median alone hid that."""
+    Speed is given two ways, over the steps after the first `skip` (a run keeps its last step at least): the median
+    step (the pace when packs are ready) and the whole run (tokens over seconds, what a user waits for). They part
+    where packs stall now and then: online on the H200 the median step took 0.032 s and the run 0.189 s a step, the
+    extraction server's pace (BENCHMARKS.md, "Online hidden states"); quoting the median alone hid that."""
     import statistics
 
     last = [r for r in records if r["split"] == "eval"][-1]
     train_rows = [r for r in records if r["split"] == "train"]
-    steady = train_rows[1:] or train_rows
+    steady = train_rows[min(skip, len(train_rows) - 1) :]
     seconds = sum(r["seconds"] for r in steady)
     return {
         "steps": last["step"],
         "eval loss": last["loss"],
         "eval first-position accuracy": first_accuracy(kind, last),
-        "train tokens/s (median)": statistics.median(r["tokens_per_s"] for r in train_rows),
+        "train tokens/s (median)": statistics.median(r["tokens_per_s"] for r in steady),
         "train tokens/s (whole run)": sum(r["tokens_per_s"] * r["seconds"] for r in steady) / seconds,
         "step seconds (median / mean)": (statistics.median(r["seconds"] for r in steady), seconds / len(steady)),
         "first step (s)": train_rows[0].get("seconds", math.nan),
         "share of a step waiting for its pack (median)": statistics.median(
-            r.get("data_s", math.nan) / r["seconds"] for r in train_rows
+            r.get("data_s", math.nan) / r["seconds"] for r in steady
         ),
         "share of the run waiting for packs": sum(r.get("data_s", math.nan) for r in steady) / seconds,
     }
