@@ -38,6 +38,11 @@
 # The same four staging calls, then carry [".vllm/b"] instead of `h200`: `online-gpu` (the gpu profile online through
 # vLLM's acceptance), `families-cuda` (every family, ci recipe, on CUDA) or `turns` (ShareGPT's first turns against
 # every turn, by held-out accuracy); each case below says what it runs.
+# Every report also brings back stage 01's answers, $OUT/answers-<dataset>.tar.xz (`answers_back`). Keep them here
+# (`mkdir -p .answers && cp <files_at>/answers-*.tar.xz .answers/`); a later lease takes a fifth staging call before
+# the job, carry [".answers"]: `bash benchmarks/gpu_pipeline.sh stage-answers`, and notebook 01 resumes them instead
+# of starting vLLM to write them again (its summary says "prompts resumed"). Poll again at once, and read the files
+# afterwards: the machine goes back 30 s after a call ends, with everything on it (a lease was lost so on 2026-12-03).
 # Here, a dry run on the ci data of the whole job (no CUDA, this machine's vLLM; nothing installed):
 #   PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRAFTLAB_VLLM=.venv-vllm/bin/vllm \
 #     EXTRACT_ROWS=16 GEN_PROMPTS=16 bash benchmarks/gpu_pipeline.sh h200
@@ -106,6 +111,7 @@ report() {
   background "$job" && done=1
   # shellcheck disable=SC2046,SC2086
   tar czf "$out/$job.tar.gz" $($files 2>/dev/null) $logs 2>/dev/null || true
+  answers_back
   # shellcheck disable=SC2086
   for f in $logs; do [ -f "$f" ] && { echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -n 14; echo; }; done
   [ -n "$done" ] || { echo "still running: call '$job' again within 30 s to wait on it"; exit 3; }
@@ -114,6 +120,19 @@ report() {
 }
 
 status_of() { cat "/tmp/draftlab-$1.log.rc"; }
+
+answers_back() {
+  # Stage 01's answers (the verifier's text, appended as each finishes: a lease lost mid-generation still returns
+  # what was written) as $OUT/answers-<dataset>.tar.xz, a few MB. Kept here in .answers/ and carried to the next
+  # lease by `stage-answers`, notebook 01 resumes them (generation and the server's start skipped: 200-390 s of
+  # the `gpu` profile's lease); the hidden states are made there again, they are the lease's own.
+  local d
+  for d in data/runs/*/; do
+    d=$(basename "$d")
+    compgen -G "data/runs/$d/responses*.jsonl" > /dev/null || continue
+    (cd data/runs && tar cf - "$d"/prompts.jsonl "$d"/responses*.jsonl 2>/dev/null | xz -T0 -3 > "$out/answers-$d.tar.xz")
+  done
+}
 
 # what each job's report packs (small files only: a call brings back at most 64 MiB)
 h200_files() {
@@ -157,6 +176,12 @@ fingerprint(resolve_verifier(\"smollm2\"))' > /tmp/convert.log 2>&1; echo \$? > 
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader || true; nproc; df -h /tmp | tail -1 ;;
 stage-vllm)
   cp ".vllm/${2:?a or b}/part" "/tmp/vllm.part.$2" ;;
+stage-answers)
+  # an earlier lease's stage-01 answers (`answers_back`), unpacked where notebook 01 resumes them; files already
+  # there (this lease's own) are kept
+  mkdir -p data/runs
+  for f in .answers/answers-*.tar.xz; do [ -f "$f" ] && tar xJf "$f" -C data/runs --skip-old-files; done
+  wc -l data/runs/*/responses*.jsonl ;;
 h200)
   out="${OUT:-/tmp/out}"; res=/tmp/h200; p="${PROFILE:-gpu}"
   install_once; vllm_install
@@ -493,6 +518,6 @@ run)
   done
   exit "$(cat "$log.rc")" ;;
 *)
-  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | h200 | online | online-gpu | families-cuda | turns | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
+  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | stage-answers | h200 | online | online-gpu | families-cuda | turns | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
   exit 2 ;;
 esac
