@@ -103,9 +103,9 @@ def open_eval(draft, folder: Path, pack_len: int, online=None):
 
 def read_rows(ds, indices, requests: int = 1) -> list:
     """The rows of one pack, in order. Online each row is a request to vLLM that waits for its states; asked one
-    at a time, 12 readers kept 12 requests in flight and the H200 run waited on packs for 85% of its time
-    (BENCHMARKS.md, "Online hidden states"), so up to `requests` rows of a pack are asked at once from threads
-    (vLLM batches what is in flight). The first row is read alone: it sets up speculators' client."""
+    at a time, each reader keeps one request in flight and the server idles between them (BENCHMARKS.md, "Online
+    hidden states"), so up to `requests` rows of a pack are asked at once from threads (vLLM batches what is in
+    flight). The first row is read alone: it sets up speculators' client."""
     from concurrent.futures import ThreadPoolExecutor
 
     idx = [int(i) for i in indices]

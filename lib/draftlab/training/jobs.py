@@ -51,10 +51,9 @@ def side_by_side(
         return False, "CPU: the cores are the trainer's, so the runs go one after the other in this process"
     if online:
         return False, (
-            "online: the runs would share one extraction server, whose pace is theirs (on the H200 one run alone took "
-            "0.189 s a step on average after the first, 0.032 s at the median: 85% of the run waited for packs), "
-            "and their 2 x 12 loader processes the CPUs; one after the other, each run's pace is its own "
-            '(BENCHMARKS.md, "Online hidden states")'
+            "online: the runs would share one extraction server, whose pace sets theirs (on the H200 a run alone "
+            "already waits on it for part of its steps), and their 2 x 12 loader processes the CPUs; one after the "
+            'other, each run\'s pace is its own (BENCHMARKS.md, "Online hidden states")'
         )
     if cpus < 4 * runs:
         return False, f"CUDA, but {cpus} CPUs: each run needs its own trainer and pack readers, so one after the other"

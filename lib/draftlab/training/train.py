@@ -199,8 +199,8 @@ def summary(kind: str, records: list[dict], skip: int = 1) -> dict:
     seconds: on CUDA that step compiles the draft's forward and backward, the largest fixed cost of a short run.
     Speed is given two ways, over the steps after the first `skip` (a run keeps its last step at least): the median
     step (the pace when packs are ready) and the whole run (tokens over seconds, what a user waits for). They part
-    where packs stall now and then: online on the H200 the median step took 0.032 s and the run 0.189 s a step, the
-    extraction server's pace (BENCHMARKS.md, "Online hidden states"); quoting the median alone hid that."""
+    where packs stall now and then, as online ones do when the extraction server cannot keep up: the median alone
+    once hid most of an online run's time (BENCHMARKS.md, "Online hidden states")."""
     import statistics
 
     last = [r for r in records if r["split"] == "eval"][-1]
