@@ -278,3 +278,26 @@ def test_start_up_time_is_when_health_first_answers_not_when_it_was_waited_on(se
     finally:
         s.stop()
     assert group_members(s.proc.pid) == []
+
+
+def test_a_served_workload_is_timed_and_counted_after_one_untimed_warmup_request():
+    class Counting:  # a server whose counters count every request's drafts, warm-up included
+        draft_dir, startup_s = "draft", 1.0
+
+        def __init__(self):
+            self.sent, self.drafts = [], 0
+
+        def metrics_text(self) -> str:
+            name = "vllm:spec_decode_num_drafts_total"
+            return f"# TYPE {name} counter\n{name} {self.drafts}\n"
+
+        def chat(self, chat, max_tokens):
+            self.sent.append((chat, max_tokens))
+            self.drafts += 7 if chat == served.WARMUP_CHAT else 3
+            return {"token_ids": [1] * max_tokens, "prompt_token_ids": [0], "seconds": 0.5}
+
+    server = Counting()
+    run = served.serve_levels(server, [{"id": "a", "text": "x"}, {"id": "b", "text": "y"}], None, 64, [1])
+    assert server.sent[0] == (served.WARMUP_CHAT, served.WARMUP_TOKENS) and len(server.sent) == 3
+    assert run["counts"]["drafts"] == 6 and [r["drafts"] for r in run["per_request"]] == [3, 3]
+    assert run["tokens"] == 128 and run["wall_s"] == 1.0 and len(run["outputs"]) == 2

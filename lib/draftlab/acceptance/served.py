@@ -90,8 +90,16 @@ def measure(
     }
 
 
+WARMUP_CHAT = [{"role": "user", "content": "Count from one to twenty."}]  # no prompt set's: no prefix cached for them
+WARMUP_TOKENS = 16  # enough verify steps for every drafting kernel to run once
+
+
 def serve_levels(server: Server, prompts: list[dict], pool, max_tokens: int, levels: list[int]) -> dict:
-    """The workload at each level; the first level's outputs, counters and per-request figures on top."""
+    """The workload at each level; the first level's outputs, counters and per-request figures on top. One request
+    goes first, untimed and before the counters are read: vLLM JIT-compiles some Triton kernels (the drafting and
+    rejection ones) at the first request that runs them, seconds a served speed must not count (on the H200 four
+    such compiles fell inside P-EAGLE's timed workload: BENCHMARKS.md, "Every family vLLM serves")."""
+    server.chat(WARMUP_CHAT, min(max_tokens, WARMUP_TOKENS))
     ids = {p["id"] for p in prompts}
     more = [p for p in pool or [] if p["id"] not in ids]
     done = [
