@@ -205,8 +205,10 @@ def test_metrics_on_hand_made_steps():
         accept.metrics([], 3)
 
 
-def test_ngram_proposes_the_continuation_of_the_latest_match():
-    assert NGramProposer(3).propose([1, 2, 3, 4, 1, 2, 3, 5, 1, 2], 2, 0.0, None).tokens == [3, 5]
+def test_ngram_proposes_the_continuation_of_the_longest_then_earliest_match_as_vllm_does():
+    assert NGramProposer(3).propose([1, 2, 3, 4, 1, 2, 3, 5, 1, 2], 2, 0.0, None).tokens == [3, 4]
+    assert NGramProposer(3).propose([7, 2, 9, 1, 2, 8, 1, 2], 3, 0.0, None).tokens == [8, 1, 2]  # [1, 2] beats [2]
+    assert NGramProposer(2).propose([5, 5, 5], 2, 0.0, None).tokens == [5]  # the window may overlap the suffix
     assert NGramProposer(3).propose([1, 2, 3], 2, 0.0, None).tokens == []
 
 

@@ -140,7 +140,7 @@ def test_served_draft_gives_the_verifiers_greedy_output_and_vllms_counters(serve
     assert [{k: r[k] for k in c} for r, c in zip(run["per_request"], by_counters, strict=True)] == by_counters
     assert sum(c["drafts"] for c in by_counters) == run["drafts"], "the requests' counts add up to the workload's"
     assert run["per_request_unattributed"] == 0
-    rep = served.report(v, prompts, N_NEW, got, {"eagle3": {"all": loop}}, {"eagle3": loop_gens})
+    rep = served.report(v, prompts, N_NEW, got, {"eagle3": loop_gens})
     assert rep["intervals"]["eagle3"]["n_prompts"] == len(prompts) and rep["depth"] and rep["loop_vs_vllm"]
     assert [r["requests in flight"] for r in rep["speed"]] == [1, 1, 2, 2]
     assert all(r["identical"] == r["prompts"] for r in rep["greedy"]), rep["greedy"]
@@ -218,7 +218,7 @@ def test_a_verifier_vllm_cannot_serve_leaves_the_rest_of_stage_05_running(tiny):
     assert got["available"] is False and got["reason"].startswith("vLLM could not serve the verifier: vLLM "), got
     left = _engine_processes(tiny.path)
     assert left == [], "the server that could not serve is stopped"
-    assert served.report(tiny, [], [], got, {}, {}) == {} and served.for_metrics(got, {}) == {
+    assert served.report(tiny, [], [], got, {}) == {} and served.for_metrics(got, {}) == {
         "available": False,
         "reason": got["reason"],
     }
@@ -282,7 +282,7 @@ def test_start_up_time_is_when_health_first_answers_not_when_it_was_waited_on(se
 
 def test_a_served_workload_is_timed_and_counted_after_one_untimed_warmup_request():
     class Counting:  # a server whose counters count every request's drafts, warm-up included
-        draft_dir, startup_s = "draft", 1.0
+        spec, startup_s = {"method": "eagle3"}, 1.0
 
         def __init__(self):
             self.sent, self.drafts = [], 0
@@ -301,3 +301,56 @@ def test_a_served_workload_is_timed_and_counted_after_one_untimed_warmup_request
     assert server.sent[0] == (served.WARMUP_CHAT, served.WARMUP_TOKENS) and len(server.sent) == 3
     assert run["counts"]["drafts"] == 6 and [r["drafts"] for r in run["per_request"]] == [3, 3]
     assert run["tokens"] == 128 and run["wall_s"] == 1.0 and len(run["outputs"]) == 2
+
+
+def test_the_loops_ngram_proposes_what_vllms_ngram_proposes():
+    """draftlab's n-gram baseline against vLLM's own prompt lookup (its numba function, in the vLLM environment) on
+    random contexts from a small alphabet, so that matches of every length occur."""
+    import json
+    import random
+
+    from draftlab.acceptance.proposers import NGramProposer
+
+    rng = random.Random(0)
+    cases = [[rng.randrange(4) for _ in range(rng.randrange(1, 40))] for _ in range(300)]
+    script = (
+        "import json, sys, numpy as np\n"
+        "from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as f\n"
+        "print(json.dumps([f(np.array(c, dtype=np.int32), 1, 3, 4096, 5).tolist() for c in json.load(sys.stdin)]))"
+    )
+    done = subprocess.run(
+        [str(vllm_executable().parent / "python"), "-c", script],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    vllm = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = [NGramProposer(3, 1).propose(c, 5, 0.0, None).tokens for c in cases]
+    assert sum(map(bool, ours)) > 200 and ours == vllm
+
+
+def test_vllms_ngram_served_beside_the_loops_proposes_the_same_tokens_step_for_step(serve_verifier, tmp_path):
+    """vLLM's `"method": "ngram"` (launch's `ngram`) on the loop baseline's rule: in fp32 greedy the same outputs and,
+    at every step with a proposal, the same drafted and accepted counts. Only a request's end differs: the loop
+    drafts no further than max_new_tokens, vLLM drafts k past it (and counts what it accepts there)."""
+    from draftlab.acceptance.evaluate import run_prompts
+    from draftlab.acceptance.proposers import NGramProposer
+
+    v, prompts = serve_verifier, _prompts(serve_verifier)
+    got = served.measure(v, {}, prompts, K, N_NEW, tmp_path, concurrency=(1,), ngram=3)
+    assert got["available"] and list(got["runs"]) == ["verifier alone", "ngram"], got
+    assert _engine_processes(v.path) == [], "both servers and their engine processes are gone"
+    run = got["runs"]["ngram"]
+    assert '"method": "ngram"' in " ".join(run["command"]) and "aux_layers_checkpoint" not in run
+    loop_gens = run_prompts(v, NGramProposer(3), prompts, K, N_NEW)
+    alone = [o["token_ids"] for o in got["runs"]["verifier alone"]["outputs"]]
+    assert [o["token_ids"] for o in run["outputs"]] == [g.tokens for g in loop_gens] == alone
+    for r, g in zip(run["per_request"], loop_gens, strict=True):
+        served_steps = list(zip(r["per_step_drafted"], r["per_step_accepted"], strict=True))
+        loop_steps = [(s.drafted, s.accepted) for s in g.steps if s.drafted]
+        assert served_steps[: len(loop_steps) - 1] == loop_steps[:-1] and len(served_steps) - len(loop_steps) in (0, 1)
+    assert sum(s.drafted == 0 for g in loop_gens for s in g.steps) > len(prompts), "steps without a match occur"
+    rep = served.report(v, prompts, N_NEW, got, {"ngram": loop_gens})
+    assert rep["checks"]["ngram"]["draft vocabulary size"] == "none (no draft model)" and not rep["flagged"]
+    assert rep["tau"][0]["draftlab steps"] == sum(len(r["per_step_drafted"]) for r in run["per_request"]) - 1

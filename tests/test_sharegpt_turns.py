@@ -96,7 +96,7 @@ def test_served_requests_carry_the_whole_conversation():
     from draftlab.acceptance import workload
 
     class Recorder:
-        draft_dir = None
+        spec = None
 
         def __init__(self):
             self.sent = []

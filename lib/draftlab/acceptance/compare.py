@@ -20,8 +20,11 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return n if n is not None or len(a) == len(b) else min(len(a), len(b))
 
 
-def tau_rows(served: dict, loop_summary: dict) -> list[dict]:
-    """draftlab's loop against vLLM, per draft, on vLLM's definitions (the bonus token counted in tau)."""
+def tau_rows(served: dict, loop_estimates: dict) -> list[dict]:
+    """draftlab's loop against vLLM, per draft, on vLLM's definitions (the bonus token counted in tau; steps with a
+    proposal only): `loop_estimates` are `intervals.estimate`s of the loop's steps on that rule (`served.report`)."""
+    from draftlab.acceptance.intervals import POOLED
+
     rows = []
     for kind, run in served["runs"].items():
         if kind == "verifier alone":
@@ -29,16 +32,17 @@ def tau_rows(served: dict, loop_summary: dict) -> list[dict]:
         if "error" in run:
             rows.append({"proposer": kind, "vLLM": f"not served: {run['error']}"})
             continue
-        loop = loop_summary[kind]["all"]
+        loop = loop_estimates[kind]
+        tau = loop["tau"][POOLED]["value"]
         rows.append(
             {
                 "proposer": kind,
-                "draftlab tau": loop["tau"],
+                "draftlab tau": tau,
                 "vLLM tau": run["tau"],
-                "relative difference": run["tau"] / loop["tau"] - 1,
-                "draftlab acceptance rate": loop["acceptance_rate"],
+                "relative difference": run["tau"] / tau - 1,
+                "draftlab acceptance rate": loop["acceptance_rate"][POOLED]["value"],
                 "vLLM acceptance rate": run["acceptance_rate"],
-                "draftlab steps": loop["steps"],
+                "draftlab steps": loop["n_steps"],
                 "vLLM drafts": int(run["drafts"]),
             }
         )
@@ -123,8 +127,10 @@ def checks(verifier, prompts: list[dict], served: dict, kind: str) -> dict:
         "chat template (HF apply_chat_template vs vLLM /tokenize)": "same tokens on every prompt"
         if not differing
         else f"{len(differing)}/{len(prompts)} prompts differ, first at token {differing[0][1]} of {differing[0][0]}",
-        "aux layers (vLLM log / checkpoint)": f"{run['aux_layers_logged']} / {run['aux_layers_checkpoint']}",
-        "draft vocabulary size": run["draft_vocab_size"],
+        "aux layers (vLLM log / checkpoint)": f"{run['aux_layers_logged']} / {run['aux_layers_checkpoint']}"
+        if "aux_layers_checkpoint" in run
+        else "none (no draft model)",
+        "draft vocabulary size": run.get("draft_vocab_size", "none (no draft model)"),
         "dtype (vLLM / draftlab)": f"{served['dtype']} / {str(verifier.dtype).removeprefix('torch.')}",
     }
 

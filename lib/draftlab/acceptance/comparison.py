@@ -17,14 +17,18 @@ def trainable(model) -> int:
 
 def served_tau(name: str, vllm: dict, runs: dict) -> str:
     """vLLM's tau with its interval, or why there is none: the family's refusal in vLLM's words, the server's
-    error, or '-' (the n-gram baseline, or vLLM not run)."""
+    error, or '-' (vLLM not run). vLLM counts only steps with a proposal: for the n-gram, which has none where its
+    context has no match, the loop's figure on that rule stands beside it (the loop's own column counts every step)."""
     fam = FAMILIES.get(name)
     if fam is not None and not fam.vllm:
         return f"not served: {fam.vllm_refused}"
     if "error" in runs.get(name, {}):
         return f"not served: {runs[name]['error']}"
     row = vllm.get(name, {})
-    return row.get("vLLM tau (95%)") or (f"{row['vLLM tau']:.3f}" if row.get("vLLM tau") is not None else "-")
+    got = row.get("vLLM tau (95%)") or (f"{row['vLLM tau']:.3f}" if row.get("vLLM tau") is not None else "-")
+    if got != "-" and "draft_vocab_size" not in runs.get(name, {}):  # no draft model: the n-gram
+        got += f" (steps with a proposal; the loop on that rule: {row.get('draftlab tau (95%)')})"
+    return got
 
 
 def family_rows(

@@ -46,8 +46,10 @@ class Proposer:
 
 
 class NGramProposer(Proposer):
-    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens (longest n
-    first) and propose what followed it. No model, no cache; proposes nothing when there is no match."""
+    """Prompt lookup, on vLLM's rule (`vllm/v1/spec_decode/ngram_proposer.py`): the longest n (max_n down to min_n)
+    whose last n tokens occur earlier in the context, at their earliest occurrence, and what followed it. The same
+    rule as vLLM's `"method": "ngram"`, so notebook 05 can set the loop's baseline against vLLM's own figure for it.
+    No model, no cache; proposes nothing when there is no match."""
 
     def __init__(self, max_n: int = 3, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n
@@ -56,7 +58,7 @@ class NGramProposer(Proposer):
     def propose(self, ids, k, temperature, generator):
         for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
             tail = ids[-n:]
-            for start in range(len(ids) - n - 1, -1, -1):
+            for start in range(len(ids) - n):
                 if ids[start : start + n] == tail:
                     return Proposal(ids[start + n : start + n + k])
         return Proposal([])

@@ -29,22 +29,25 @@ def measure(
     concurrency=(0,),
     launched: Launched | None = None,
     pool: list[dict] | None = None,
+    ngram: int | None = None,
 ) -> dict:
     """The verifier served alone, then with each draft, on the same prompts at the same k, at each number of
     requests in flight in `concurrency` (0: every prompt at once); the first level is the one whose outputs
     and counters the checks use. `launched` are servers `launch` started earlier (else they start here). A level
     of c > 1 requests in flight serves `prompts` followed by `pool`'s others, 3c in all where there are that many
-    (a workload of only a few waves measures its tail), the same prompts with and without each draft.
+    (a workload of only a few waves measures its tail), the same prompts with and without each draft. `ngram`
+    serves vLLM's own prompt lookup too (`together.launch`), as "ngram" after the drafts.
 
     The servers start together and serve one after the other: on a CPU a start is three processes importing
     vLLM in turn on one core each, and an idle server takes no CPU, so starting them at once costs about the
     time of the slowest start instead of their sum (BENCHMARKS.md, "Served acceptance"). Every server is
     stopped on every path. Returns {"available": False, "reason": ...} where vLLM cannot run; a draft vLLM
     cannot serve gets {"error": <vLLM's reason>} and the others go on."""
-    launched = launched or launch(verifier, drafts, prompts + list(pool or []), k, max_tokens, log_dir)
+    launched = launched or launch(verifier, drafts, prompts + list(pool or []), k, max_tokens, log_dir, ngram)
     if launched.reason:
         return {"available": False, "reason": launched.reason}
     servers, runs = launched.servers, dict(launched.errors)
+    kinds = [*drafts, *(["ngram"] if "ngram" in servers else [])]
     levels = list(concurrency) or [0]
     try:
         started = wait_all(servers)
@@ -57,7 +60,7 @@ def measure(
         except DraftlabError as e:
             return {"available": False, "reason": f"vLLM could not serve the verifier: {str(e).splitlines()[0]}"}
         s.stop()
-        for kind in drafts:
+        for kind in kinds:
             if kind in runs:
                 continue
             s = servers[kind]
@@ -65,13 +68,13 @@ def measure(
                 if started[kind] is not None:
                     raise started[kind]
                 run = serve_levels(s, prompts, pool, max_tokens, levels)
-                run.update(
-                    served_metrics(run["counts"]),
-                    aux_layers_logged=s.logged_aux_layers(),
-                    aux_layers_checkpoint=aux_layer_ids(s.draft_cfg),
-                    draft_vocab_size=s.draft_cfg.get("draft_vocab_size"),
-                    command=s.command,
-                )
+                run.update(served_metrics(run["counts"]), command=s.command)
+                if s.draft_cfg is not None:  # a draft model (the n-gram has none)
+                    run.update(
+                        aux_layers_logged=s.logged_aux_layers(),
+                        aux_layers_checkpoint=aux_layer_ids(s.draft_cfg),
+                        draft_vocab_size=s.draft_cfg.get("draft_vocab_size"),
+                    )
             except DraftlabError as e:
                 run = {"error": str(e).splitlines()[0]}
             runs[kind] = run
@@ -86,7 +89,7 @@ def measure(
         "started_together": len(servers),
         "gpu": launched.gpu,
         "per_request_report": launched.per_request,
-        "runs": {kind: runs[kind] for kind in ["verifier alone", *drafts]},
+        "runs": {kind: runs[kind] for kind in ["verifier alone", *kinds]},
     }
 
 
@@ -109,28 +112,24 @@ def serve_levels(server: Server, prompts: list[dict], pool, max_tokens: int, lev
     return {**done[0], "startup_s": server.startup_s, "levels": [workload.summary(w) for w in done]}
 
 
-def report(
-    verifier,
-    prompts: list[dict],
-    max_new_tokens: int,
-    served: dict,
-    loop_summary: dict,
-    loop_runs: dict,
-    depth_edges=None,
-) -> dict:
+def report(verifier, prompts: list[dict], max_new_tokens: int, served: dict, loop_runs: dict, depth_edges=None) -> dict:
     """Every served table of notebook 05 and metrics.json, or {} where vLLM did not run. Where vLLM's
     per-request figures exist (`workload.step_table`), its tau carries an interval over prompts, is set
     against the loop's on the same prompts (`intervals.paired`), and, where each step is known, drawn
-    against context depth on `depth_edges`."""
+    against context depth on `depth_edges`. vLLM counts a step only where tokens were proposed, so every
+    figure set against vLLM's takes the loop's steps on that rule (`proposed`): the n-gram proposes nothing
+    where its context has no match, and the loop drafts nothing on a request's last token, where vLLM drafts
+    k past the end."""
     if not served.get("available"):
         return {}
     ok = [kind for kind, run in served["runs"].items() if kind != "verifier alone" and "error" not in run]
-    from draftlab.acceptance.intervals import step_table
+    from draftlab.acceptance.intervals import estimate, step_table
 
     k = served["k"]
-    loop_tables = {kind: step_table(loop_runs[kind]) for kind in ok}
+    loop_tables = {kind: proposed(step_table(loop_runs[kind])) for kind in ok}
+    loop_estimates = {kind: estimate(t, k) for kind, t in loop_tables.items()}
     pr = per_request(served, loop_tables, ok, k, depth_edges)
-    taus = with_intervals(tau_rows(served, loop_summary), pr, loop_tables, k)
+    taus = with_intervals(tau_rows(served, loop_estimates), pr, loop_estimates)
     return {
         **pr,
         "tau": taus,
@@ -139,7 +138,7 @@ def report(
         "checks": {kind: checks(verifier, prompts, served, kind) for kind in ok},
         "positions": {
             kind: {
-                "draftlab loop": loop_unconditional([s for g in loop_runs[kind] for s in g.steps], k),
+                "draftlab loop": loop_unconditional([s for g in loop_runs[kind] for s in g.steps if s.drafted], k),
                 "vLLM": served["runs"][kind]["per_position_unconditional"][:k],
             }
             for kind in ok
@@ -148,16 +147,21 @@ def report(
     }
 
 
-def with_intervals(rows: list[dict], pr: dict, loop_tables: dict, k: int) -> list[dict]:
+def proposed(table) -> list:
+    """A step table's steps with a proposal, as vLLM counts them (its counters and per-request figures)."""
+    return [[s for s in steps if s.drafted] for steps in table]
+
+
+def with_intervals(rows: list[dict], pr: dict, loop_estimates: dict) -> list[dict]:
     """The tau rows with each engine's pooled interval and per-request mean beside the point figures."""
-    from draftlab.acceptance.intervals import PER_REQUEST, POOLED, estimate
+    from draftlab.acceptance.intervals import PER_REQUEST, POOLED
     from draftlab.acceptance.reported import ci
 
     for row in rows:
         kind = row["proposer"]
         if "vLLM tau" not in row:
             continue
-        loop = estimate(loop_tables[kind], k)["tau"]
+        loop = loop_estimates[kind]["tau"]
         row["draftlab tau (95%)"] = ci(loop[POOLED])
         served = pr["intervals"].get(kind)
         row["vLLM tau (95%)"] = ci(served["tau"][POOLED]) if served else "no per-request figures"
@@ -173,7 +177,8 @@ def per_request(served: dict, loop_tables: dict, ok: list[str], k: int, depth_ed
 
     found = {kind: workload.step_table(served["runs"][kind]) for kind in ok}
     tables = {kind: t for kind, (t, _) in found.items() if t}
-    known = {kind: t for kind, (t, has_depth) in found.items() if t and has_depth}
+    every_step = [kind for kind in found if "draft_vocab_size" in served["runs"][kind]]  # a model drafts every step
+    known = {kind: t for kind, (t, has_depth) in found.items() if t and has_depth and kind in every_step}
     first = served["runs"]["verifier alone"]["concurrency"]
     source = {kind: served["runs"][kind]["per_request_source"] for kind in tables}
     why = (

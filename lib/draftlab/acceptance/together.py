@@ -16,6 +16,7 @@ from pathlib import Path
 from draftlab import DraftlabError
 from draftlab.serving.command import PER_REQUEST_FLAG, supported_flags, unavailable
 from draftlab.serving.gpu_memory import cuda_share, weights_bytes
+from draftlab.serving.pair_check import ngram_config
 from draftlab.serving.process import stop_groups
 from draftlab.serving.server import Server
 
@@ -46,9 +47,12 @@ class Launched:
         self.stop()
 
 
-def launch(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_tokens: int, log_dir) -> Launched:
+def launch(
+    verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_tokens: int, log_dir, ngram: int | None = None
+) -> Launched:
     """Start the verifier alone and each draft together, without waiting: their starts (on a GPU mostly
-    torch.compile and CUDA-graph capture on the CPU) then overlap whatever the notebook does next."""
+    torch.compile and CUDA-graph capture on the CPU) then overlap whatever the notebook does next. `ngram` (the
+    longest n, `spec_ngram_max`) adds vLLM's own prompt lookup as the server "ngram", the loop baseline's rule."""
     reason = unavailable()
     if reason:
         return Launched(reason=reason)
@@ -58,7 +62,7 @@ def launch(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_t
     out = Launched(per_request=per_request)
     gpu = None
     if device.startswith("cuda"):
-        gpu = cuda_share(verifier.device, 1 + len(drafts), weights_bytes(verifier.path, *drafts.values()))
+        gpu = cuda_share(verifier.device, 1 + len(drafts) + bool(ngram), weights_bytes(verifier.path, *drafts.values()))
         out.gpu = gpu.why
     common = {"dtype": dtype, "device": device, "max_model_len": model_len(prompts, max_tokens, k), "gpu": gpu}
     out.servers["verifier alone"] = Server(verifier.path, None, log_path=Path(log_dir) / "vllm-verifier.log", **common)
@@ -69,6 +73,12 @@ def launch(verifier, drafts: dict[str, Path], prompts: list[dict], k: int, max_t
             )
         except DraftlabError as e:  # a checkpoint the pair check refuses: no server for it
             out.errors[kind] = {"error": str(e).splitlines()[0]}
+    if ngram:
+        spec = ngram_config(k, ngram)
+        log = Path(log_dir) / "vllm-ngram.log"
+        out.servers["ngram"] = Server(
+            verifier.path, None, k, log_path=log, per_request=per_request, spec=spec, **common
+        )
     try:
         for s in out.servers.values():
             s.launch()

@@ -23,7 +23,7 @@ def run(server, prompts: list[dict], max_tokens: int, concurrency: int) -> dict:
     """Every prompt (prompt-set rows, each sent as its chat: `prompts.messages`) through `server` (greedy),
     `concurrency` requests in flight (0: all at once)."""
     c = len(prompts) if concurrency == 0 else concurrency
-    drafting = server.draft_dir is not None
+    drafting = server.spec is not None  # a draft, or vLLM's n-gram
     before = spec_counters(server.metrics_text())
     by_counters = [] if drafting and c == 1 else None  # one in flight: each request's counter difference
     t0 = time.perf_counter()

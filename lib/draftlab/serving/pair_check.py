@@ -81,6 +81,14 @@ def check_pair(verifier_dir: Path, draft_dir: Path) -> dict:
     return cfg
 
 
+def ngram_config(k: int, max_n: int) -> dict:
+    """vLLM's `--speculative-config` for its own prompt lookup, the rule of draftlab's n-gram baseline
+    (`acceptance.proposers.NGramProposer`): no model, so no pair to check."""
+    if not isinstance(k, int) or k < 1 or not isinstance(max_n, int) or max_n < 1:
+        raise DraftlabError(f"k={k!r}, spec_ngram_max={max_n!r}: the served n-gram needs integers >= 1.")
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": max_n, "prompt_lookup_min": 1}
+
+
 def speculative_config(verifier_dir, draft_dir, k: int) -> tuple[dict, dict]:
     """(the draft's config, vLLM's `--speculative-config` for it at k tokens), the pair checked first."""
     if not isinstance(k, int) or k < 1:

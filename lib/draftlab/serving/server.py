@@ -67,18 +67,22 @@ class Server:
         extra_env: dict | None = None,
         gpu=None,
         per_request: bool = False,
+        spec: dict | None = None,
     ):
         """`extra_args` go after draftlab's own flags, `extra_env` over `server_env()` (extract_vllm.py uses both);
         `gpu` is its share of a GPU (`gpu_memory.GpuShare`), `per_request` asks for each response's acceptance;
         `startup_timeout` None is $DRAFTLAB_VLLM_STARTUP_TIMEOUT or its default (`default_startup_timeout()`)."""
-        self.draft_cfg, spec = (None, None) if draft_dir is None else speculative_config(verifier_dir, draft_dir, k)
+        # `spec`, without a draft: a speculative config with no model (`pair_check.ngram_config`)
+        self.draft_cfg, self.spec = (
+            (None, spec) if draft_dir is None else speculative_config(verifier_dir, draft_dir, k)
+        )
         self.verifier_dir, self.draft_dir, self.k, self.dtype = Path(verifier_dir), draft_dir, k, dtype
         self.port, self.max_model_len = free_port(), max_model_len
         self.startup_timeout = startup_timeout or default_startup_timeout()
         self.log_path = (
             Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="draftlab-vllm-", suffix=".log")[1])
         )
-        cmd = serve_args(self.verifier_dir, self.port, dtype, device, max_model_len, seed, spec, gpu, per_request)
+        cmd = serve_args(self.verifier_dir, self.port, dtype, device, max_model_len, seed, self.spec, gpu, per_request)
         self.command, self.proc, self.startup_s = cmd + list(extra_args), None, None
         self.extra_env = dict(extra_env or {})
 
