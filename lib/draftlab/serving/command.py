@@ -156,7 +156,10 @@ def server_env() -> dict:
     paths left out (the vLLM environment has its own torch)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache on CPU; vLLM's default takes 4
+    # GiB of KV cache on CPU (vLLM's default takes 4): 1 holds 22k tokens of SmolLM2 in fp32, the default profile's
+    # 32 bench prompts at once several times over, and keeps notebook 05's servers started together (every draft,
+    # the n-gram and the verifier alone: five on the ci profile) within a 24 GiB machine; at 2 one was OOM-killed
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if len(os.sched_getaffinity(0)) <= 2:
         # vLLM CPU keeps one core for its API server by default, which on two cores halves the engine
         # (BENCHMARKS.md, "The default profile within 15 minutes").
