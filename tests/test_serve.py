@@ -254,6 +254,11 @@ def test_the_reason_given_is_vllms_root_cause_not_the_engines_wrapper(tiny_dir, 
     assert s.cause().startswith("RuntimeError: Engine core initialization failed"), (
         "with nothing else logged, the wrapper"
     )
+    log.write_text(  # the OOM killer took a worker (seen in CI): vLLM's last exception says only "cancelled"
+        "(EngineCore pid=8824) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly "
+        "(exit code: None), shutting down executor.\n(EngineCore pid=8824) ERROR RuntimeError: cancelled\n"
+    )
+    assert "out-of-memory" in s.cause() and "VLLM_CPU_KVCACHE_SPACE" in s.cause()
 
 
 def test_start_up_time_is_when_health_first_answers_not_when_it_was_waited_on(serve_dir, tmp_path):

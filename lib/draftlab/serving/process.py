@@ -18,6 +18,14 @@ from pathlib import Path
 
 from draftlab import DraftlabError
 
+# vLLM's words when a worker process vanished without an exception of its own (SIGKILL), and what to say instead
+KILLED_WORKER = "died unexpectedly"
+KILLED_WHY = (
+    "a vLLM worker process was killed from outside (on a CPU most often the kernel's out-of-memory killer: see "
+    "`dmesg`); free memory, lower VLLM_CPU_KVCACHE_SPACE (GiB of KV cache per server, draftlab's default 1) or serve "
+    "fewer drafts at once (draft_kinds)"
+)
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -24,7 +24,7 @@ from pathlib import Path
 from draftlab import DraftlabError
 from draftlab.serving.command import SERVED_NAME, serve_args, server_env, unavailable
 from draftlab.serving.pair_check import speculative_config
-from draftlab.serving.process import die_with_parent, free_port, stop_group
+from draftlab.serving.process import KILLED_WHY, KILLED_WORKER, die_with_parent, free_port, stop_group
 
 STARTUP_TIMEOUT_ENV = "DRAFTLAB_VLLM_STARTUP_TIMEOUT"  # seconds a server may take to answer /health
 BAR = "{desc}: {n}/{total} s waited"
@@ -187,6 +187,8 @@ class Server:
         """The last exception vLLM logged (`SomeError: ...`, with pydantic's detail line), the best short reason; the
         engine's wrappers ("Engine core initialization failed. See root cause above.") give way to that root cause."""
         lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
+        if any(KILLED_WORKER in ln for ln in lines):  # its own exceptions then only say "cancelled"
+            return KILLED_WHY
         hits = [i for i, ln in enumerate(lines) if re.search(r"(?:^|[\s.\]])\w+(?:Error|Exception): \S", ln)]
         hits = [i for i in hits if not re.search(r"See (?:root cause|stack trace)", lines[i])] or hits
         if not hits:
