@@ -28,7 +28,10 @@ def test_every_family_is_a_row_with_its_served_figure_or_vllms_reason():
         ],
     }
     trained = {"eagle3": {"train tokens/s (whole run)": 1000.0, "wall seconds": 12.0}}
-    rows = {r["proposer"]: r for r in family_rows(estimates, drafts, served_report, trained, {"mtp": "no MTP"}, {})}
+    served_run = {"runs": {"eagle3": {"draft_model": True}}}  # what measure recorded beside the report
+    rows = {
+        r["proposer"]: r for r in family_rows(estimates, drafts, served_report, trained, {"mtp": "no MTP"}, served_run)
+    }
     assert list(rows) == ["ngram", "eagle3", "dspark", "mtp"]
     e3, ds = rows["eagle3"], rows["dspark"]
     assert e3["tau, draftlab loop (95%)"] == "2.000 [1.900, 2.100]" and e3["tau, vLLM (95%)"].startswith("1.990")

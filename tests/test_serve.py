@@ -227,6 +227,7 @@ def test_a_verifier_vllm_cannot_serve_leaves_the_rest_of_stage_05_running(tiny):
 def test_a_tau_gap_over_ten_percent_warns_with_the_checks(tiny):
     prompts = [{"id": "p0", "ids": [1, 2, 3]}, {"id": "p1", "ids": [4, 5]}]
     run = {"aux_layers_logged": [2, 4, 5], "aux_layers_checkpoint": [2, 4, 5], "draft_vocab_size": 64}
+    run["draft_model"] = True
     fake = {"dtype": "float32", "runs": {"verifier alone": {"vllm_prompt_ids": [[1, 2, 3], [4, 9]]}, "eagle3": run}}
     rows = [{"proposer": "eagle3", "draftlab tau": 2.0, "vLLM tau": 1.1, "relative difference": 1.1 / 2.0 - 1}]
     with pytest.warns(

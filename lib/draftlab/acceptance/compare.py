@@ -128,9 +128,9 @@ def checks(verifier, prompts: list[dict], served: dict, kind: str) -> dict:
         if not differing
         else f"{len(differing)}/{len(prompts)} prompts differ, first at token {differing[0][1]} of {differing[0][0]}",
         "aux layers (vLLM log / checkpoint)": f"{run['aux_layers_logged']} / {run['aux_layers_checkpoint']}"
-        if "aux_layers_checkpoint" in run
+        if run["draft_model"]
         else "none (no draft model)",
-        "draft vocabulary size": run.get("draft_vocab_size", "none (no draft model)"),
+        "draft vocabulary size": run["draft_vocab_size"] if run["draft_model"] else "none (no draft model)",
         "dtype (vLLM / draftlab)": f"{served['dtype']} / {str(verifier.dtype).removeprefix('torch.')}",
     }
 

@@ -26,7 +26,7 @@ def served_tau(name: str, vllm: dict, runs: dict) -> str:
         return f"not served: {runs[name]['error']}"
     row = vllm.get(name, {})
     got = row.get("vLLM tau (95%)") or (f"{row['vLLM tau']:.3f}" if row.get("vLLM tau") is not None else "-")
-    if got != "-" and "draft_vocab_size" not in runs.get(name, {}):  # no draft model: the n-gram
+    if got != "-" and not runs[name]["draft_model"]:  # the n-gram
         got += f" (steps with a proposal; the loop on that rule: {row.get('draftlab tau (95%)')})"
     return got
 

@@ -68,8 +68,9 @@ def measure(
                 if started[kind] is not None:
                     raise started[kind]
                 run = serve_levels(s, prompts, pool, max_tokens, levels)
-                run.update(served_metrics(run["counts"]), command=s.command)
-                if s.draft_cfg is not None:  # a draft model (the n-gram has none)
+                # draft_model: False for vLLM's n-gram, which drafts only where its context has a match
+                run.update(served_metrics(run["counts"]), command=s.command, draft_model=s.draft_cfg is not None)
+                if run["draft_model"]:
                     run.update(
                         aux_layers_logged=s.logged_aux_layers(),
                         aux_layers_checkpoint=aux_layer_ids(s.draft_cfg),
@@ -177,7 +178,7 @@ def per_request(served: dict, loop_tables: dict, ok: list[str], k: int, depth_ed
 
     found = {kind: workload.step_table(served["runs"][kind]) for kind in ok}
     tables = {kind: t for kind, (t, _) in found.items() if t}
-    every_step = [kind for kind in found if "draft_vocab_size" in served["runs"][kind]]  # a model drafts every step
+    every_step = [kind for kind in found if served["runs"][kind]["draft_model"]]  # a model drafts at every step
     known = {kind: t for kind, (t, has_depth) in found.items() if t and has_depth and kind in every_step}
     first = served["runs"]["verifier alone"]["concurrency"]
     source = {kind: served["runs"][kind]["per_request_source"] for kind in tables}
