@@ -91,13 +91,16 @@ vllm_install() {
 
 background() {
   # `bash $0 $1-job` started once, in the background (setsid: it outlives this device call), then waited on for up to
-  # WAIT_S seconds; its log goes to $OUT at every call. True once the job has finished (its exit status in $log.rc).
+  # WAIT_S seconds from this call's start ($SECONDS: the installs before it count, so WAIT_S 560 returns by 560 s and
+  # the call ends inside the device's 600 s; counted from the wait, a first call's vLLM install pushed one past it on
+  # 2026-12-03 and it returned nothing); its log goes to $OUT at every call. True once the job has finished (its exit
+  # status in $log.rc).
   local log="/tmp/draftlab-$1.log"
   mkdir -p "$out"
   if [ ! -f "$log" ]; then
     setsid nohup bash -c "bash $0 $1-job > $log 2>&1; echo \$? > $log.rc" < /dev/null > /dev/null 2>&1 &
   fi
-  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  while [ "$SECONDS" -lt "${WAIT_S:-540}" ]; do [ -f "$log.rc" ] && break; sleep 1; done
   cp "$log" "$out/log-$1.txt"
   [ -f "$log.rc" ]
 }
@@ -333,7 +336,7 @@ sharegpt)
     setsid nohup bash -c "bash $0 sharegpt-job > $log 2>&1; echo \$? > $log.rc" \
       < /dev/null > /dev/null 2>&1 &
   fi
-  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  while [ "$SECONDS" -lt "${WAIT_S:-540}" ]; do [ -f "$log.rc" ] && break; sleep 1; done
   for f in /tmp/before.log /tmp/after.log "$log"; do [ -f "$f" ] && cp "$f" "$out/"; done
   if [ ! -f "$log.rc" ]; then
     for f in /tmp/before.log /tmp/after.log; do [ -f "$f" ] && { echo "== $f"; tail -c 1200 "$f"; echo; }; done
@@ -381,7 +384,7 @@ curve)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; nproc
     setsid nohup bash -c "bash $0 curve-job > $log 2>&1; echo \$? > $log.rc" < /dev/null > /dev/null 2>&1 &
   fi
-  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  while [ "$SECONDS" -lt "${WAIT_S:-540}" ]; do [ -f "$log.rc" ] && break; sleep 1; done
   cp "$log" "$out/"
   if [ ! -f "$log.rc" ]; then
     for f in /tmp/curve-*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 400 "$f"; echo; }; done
@@ -431,7 +434,7 @@ torchrun)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; nproc; df -h /dev/shm || true
     setsid nohup bash -c "bash $0 torchrun-job > $log 2>&1; echo \$? > $log.rc" < /dev/null > /dev/null 2>&1 &
   fi
-  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  while [ "$SECONDS" -lt "${WAIT_S:-540}" ]; do [ -f "$log.rc" ] && break; sleep 1; done
   cp "$log" "$out/log-torchrun.txt"
   if [ ! -f "$log.rc" ]; then
     tail -c 3000 "$log"; echo; echo "still running: call 'torchrun' again within 30 s to wait on it"; exit 3
@@ -499,7 +502,7 @@ run)
     setsid nohup bash -c "python3 -m draftlab run --profile ${PROFILE:-gpu} --only $nbs > $log 2>&1; echo \$? > $log.rc" \
       < /dev/null > /dev/null 2>&1 &
   fi
-  for _ in $(seq "${WAIT_S:-540}"); do [ -f "$log.rc" ] && break; sleep 1; done
+  while [ "$SECONDS" -lt "${WAIT_S:-540}" ]; do [ -f "$log.rc" ] && break; sleep 1; done
   cp "$log" "$out/log-$tag.txt"
   if [ ! -f "$log.rc" ]; then
     tail -c 3000 "$log"; echo; echo "still running: call 'run $nbs' again within 30 s to wait on it"; exit 3

@@ -364,3 +364,45 @@ def test_greedy_verification_keeps_the_prefix_equal_to_the_argmax_then_its_next_
     assert accept.verify_greedy(logits, [3, 1, 4]) == (3, 1)  # all accepted: the bonus is the free next token
     assert accept.verify_greedy(logits, [3, 2, 4]) == (1, 1)  # stops at the first mismatch, a later match is not kept
     assert accept.verify_greedy(logits, [5]) == (0, 3) and accept.verify_greedy(logits[:1], []) == (0, 3)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_one_teacher_forced_pass_replays_the_loops_accepted_lengths_step_for_step(tiny, eagle, k):
+    """acceptance.replay: speculators' TTT forward over the loop's own greedy text, walked chain by chain, gives
+    the loop's (drafted, accepted) at every step; shifted one position it does not."""
+    from draftlab.acceptance import replay
+
+    accepted, shifted_differs, gens = 0, False, []
+    for p in PROMPTS:
+        ids = tiny.tokenizer(p)["input_ids"]
+        g = accept.speculative_generate(tiny, Eagle3Proposer(eagle.model, tiny.vocab_size), ids, k, N_NEW)
+        g.settings["source"] = "chat"
+        gens.append(g)
+        hits, sums = replay.chain_hits(eagle, ids, g.tokens, k)
+        got = replay.replay(hits, len(ids), len(g.tokens), k, N_NEW)
+        live = [(s.drafted, s.accepted) for s in g.steps]
+        assert got == live[: len(got)] and len(got) >= len(live) - 1, p  # the last step may check past an eos
+        accepted += sum(a for _, a in got)
+        wrong = replay.replay(torch.roll(hits, 1, 1), len(ids), len(g.tokens), k, N_NEW)
+        shifted_differs |= wrong != live[: len(wrong)]
+        assert sums["cond_acc_0_total"] == len(g.tokens)  # speculators' metric over the generated text's chains
+    assert accepted > 0 and shifted_differs
+    rows = replay.gap_rows(eagle, gens, k, N_NEW, offline=[0.5] * k)
+    counted = [r["counted"].split(",")[0] for r in rows]
+    assert counted == ["teacher-forced"] * 3 + ["replayed at the live chain's steps", "live (draftlab's loop)"]
+    same, of = rows[3]["steps equal to the loop"].split(" of ")
+    assert same == of and int(of) > 0
+    assert rows[3]["first position"] == rows[4]["first position"] or int(of) < sum(len(g.steps) for g in gens)
+
+
+def test_teacher_forced_counts_pool_each_depth_over_the_chains_that_reached_it():
+    from draftlab.acceptance.replay import known, replay, text_counts
+
+    hits = torch.tensor([[1, 1, 0, 1, 1, 1, 0, 0], [1, 0, 1, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    # depth 0 known at p < 6, depth 1 at p < 5; counted from p = 1
+    assert known(8, 2).sum(1).tolist() == [6, 5]
+    assert text_counts(hits, 1) == ([4, 1], [5, 3])
+    # a prompt of 2 tokens: the first chain starts at p = 1 and the next a + 1 further on
+    assert replay(hits, 2, 6, 2, 6) == [(2, 1), (2, 2)]
+    assert replay(hits, 2, 6, 2, 5) == [(2, 1), (1, 1)]  # one token of room left: one drafted
+    assert replay(hits, 6, 2, 2, 10) == []  # depth 1 at p = 5 would check a token past the text
