@@ -297,6 +297,10 @@ turns-job)
   py="${PY:-python3}"; p="${PROFILE:-gpu}"
   while [ -z "${SKIP_INSTALL:-}" ] && [ ! -f /tmp/convert.log.rc ]; do sleep 1; done
   for t in first all; do
+    # every first turn of `all` is a prompt of `first` (same id, same split: `prompts.load_prompts`), so `all` resumes
+    # the answers `first` wrote and vLLM writes only the later turns' (01's summary counts them: "prompts resumed")
+    [ "$t" = all ] && mkdir -p "data/runs/smollm2-$p-turns-all" \
+      && cp -n "data/runs/smollm2-$p-turns-first"/responses*.jsonl "data/runs/smollm2-$p-turns-all/" 2>/dev/null
     # shellcheck disable=SC2086
     $py -m draftlab run --profile "$p" --run-name "$p-turns-$t" --only 01,04 --set sharegpt_turns="$t" \
       --set dataset_name="smollm2-$p-turns-$t" --set "draft_kinds=[eagle3]" ${SETT:-} > "/tmp/turns-$t.log" 2>&1 \

@@ -46,7 +46,8 @@ def chain_hits(draft, prompt_ids: list[int], tokens: list[int], k: int) -> tuple
         "input_ids": torch.tensor([seq[1:]]),
         "hidden_states": h[:-1, :-1].flatten(1)[None].to(draft.dtype),
         "verifier_last_hidden_states": h[1:, -1][None].to(draft.dtype),
-        "loss_mask": (torch.arange(n) >= len(prompt_ids) - 1)[None].float(),  # chains over the generated text
+        # the chains over the generated text whose targets lie in it (`known`): the last row's is past its end
+        "loss_mask": ((torch.arange(n) >= len(prompt_ids) - 1) & (torch.arange(n) < n - 1))[None].float(),
         "document_ids": torch.zeros(1, n, dtype=torch.long),
         "position_ids": torch.arange(1, n + 1)[None],
     }
