@@ -43,6 +43,8 @@
 # the job, carry [".answers"]: `bash benchmarks/gpu_pipeline.sh stage-answers`, and notebook 01 resumes them instead
 # of starting vLLM to write them again (its summary says "prompts resumed"). Poll again at once, and read the files
 # afterwards: the machine goes back 30 s after a call ends, with everything on it (a lease was lost so on 2026-12-03).
+# A machine can also go back mid-job: on 2026-12-03 one went 20 minutes after its start, between two calls made at
+# once (the next reply said `warm: false`), so put first in a job what the lease is for.
 # Here, a dry run on the ci data of the whole job (no CUDA, this machine's vLLM; nothing installed):
 #   PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRAFTLAB_VLLM=.venv-vllm/bin/vllm \
 #     EXTRACT_ROWS=16 GEN_PROMPTS=16 bash benchmarks/gpu_pipeline.sh h200
