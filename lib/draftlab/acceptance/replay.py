@@ -1,9 +1,9 @@
 """Live acceptance replayed from one teacher-forced pass, and the teacher-forced gap taken apart.
 
-Held-out accuracy (speculators' `full_acc_0`, read at every stage-04 evaluation) has stood well above the
-first-position acceptance a chain meets live (on the H200, 0.764 teacher-forced against 0.61 in the loop and in
-vLLM: BENCHMARKS.md, "through vLLM's acceptance"), and a researcher cannot tell from the two numbers whether the
-draft, the text or the counting is to blame. Three things differ between them, and this module measures each:
+Held-out accuracy (speculators' `full_acc_0`, read at every stage-04 evaluation) can stand well above the
+first-position acceptance a chain meets live (BENCHMARKS.md, "Teacher-forced accuracy against live acceptance"),
+and a researcher cannot tell from the two numbers whether the draft, the text or the counting is to blame. Three
+things differ between them, and this module measures each:
 
 1. the text: stage 01's eval answers (sampled) against the verifier's own greedy continuation of the prompt;
 2. the target: speculators scores the draft against the verifier's argmax *within the draft vocabulary*, live
@@ -63,10 +63,10 @@ def chain_hits(draft, prompt_ids: list[int], tokens: list[int], k: int) -> tuple
     return hits.cpu(), {key: float(v) for key, v in metric_sums.items()}
 
 
-def known(n_tokens: int, k: int) -> torch.Tensor:
-    """[k, T] bool: where `chain_hits` could look (the target token lies inside the text)."""
-    j, p = torch.arange(k)[:, None], torch.arange(n_tokens)[None]
-    return p + j + 2 < n_tokens
+def known(total: int, k: int) -> torch.Tensor:
+    """[k, total] bool over the prompt and generated tokens: where `chain_hits` could look (a target in the text)."""
+    j, p = torch.arange(k)[:, None], torch.arange(total)[None]
+    return p + j + 2 < total
 
 
 def replay(hits: torch.Tensor, n_prompt: int, n_tokens: int, k: int, max_new_tokens: int) -> list[tuple[int, int]]:
