@@ -379,11 +379,11 @@ def test_one_teacher_forced_pass_replays_the_loops_accepted_lengths_step_for_ste
         g.settings["source"] = "chat"
         gens.append(g)
         hits, sums = replay.chain_hits(eagle, ids, g.tokens, k)
-        got = replay.replay(hits, len(ids), len(g.tokens), k, N_NEW)
-        live = [(s.drafted, s.accepted) for s in g.steps]
+        got = [replay.seen(s) for s in replay.replay(hits, len(ids), g.tokens, k, N_NEW)]
+        live = [replay.seen(s) for s in g.steps]
         assert got == live[: len(got)] and len(got) >= len(live) - 1, p  # the last step may check past an eos
-        accepted += sum(a for _, a in got)
-        wrong = replay.replay(torch.roll(hits, 1, 1), len(ids), len(g.tokens), k, N_NEW)
+        accepted += sum(a for _, a, _ in got)
+        wrong = [replay.seen(s) for s in replay.replay(torch.roll(hits, 1, 1), len(ids), g.tokens, k, N_NEW)]
         shifted_differs |= wrong != live[: len(wrong)]
         assert (
             sums["cond_acc_0_total"]
@@ -408,6 +408,12 @@ def test_teacher_forced_counts_pool_each_depth_over_the_chains_that_reached_it()
     assert known(8, 2).sum(1).tolist() == [6, 5]
     assert text_counts(hits, 1) == ([4, 1], [5, 3])
     # a prompt of 2 tokens: the first chain starts at p = 1 and the next a + 1 further on
-    assert replay(hits, 2, 6, 2, 6) == [(2, 1), (2, 2)]
-    assert replay(hits, 2, 6, 2, 5) == [(2, 1), (1, 1)]  # one token of room left: one drafted
-    assert replay(hits, 6, 2, 2, 10) == []  # depth 1 at p = 5 would check a token past the text
+    text = [10, 11, 12, 13, 14, 15]  # the generated tokens: a step's bonus is the one after its accepted run
+
+    def walked(n_prompt, tokens, max_new):
+        return [(s.drafted, s.accepted, s.bonus) for s in replay(hits, n_prompt, tokens, 2, max_new)]
+
+    assert walked(2, text, 6) == [(2, 1, 12), (2, 2, 15)]
+    assert walked(2, text, 5) == [(2, 1, 12), (1, 1, 14)]  # one token of room left: one drafted
+    assert walked(6, text[:2], 10) == []  # depth 1 at p = 5 would check a token past the text
+    assert walked(2, text[:5], 10) == [(2, 1, 12)]  # the next run of 2 ends on the text's last token: no bonus

@@ -25,6 +25,7 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.acceptance.evaluate import tau_from_alpha
+from draftlab.acceptance.speculative import Step, metrics
 
 
 @torch.no_grad()
@@ -69,17 +70,18 @@ def known(total: int, k: int) -> torch.Tensor:
     return p + j + 2 < total
 
 
-def replay(hits: torch.Tensor, n_prompt: int, n_tokens: int, k: int, max_new_tokens: int) -> list[tuple[int, int]]:
-    """(drafted, accepted) step by step, walked as `speculative_generate` walks (greedy): after the prefill
-    token the first chain starts at p = n_prompt - 1; each step drafts min(k, room) tokens, accepts the run
-    of hits, and the next chain starts a + 1 further on. Stops where a check would fall past the text."""
+def replay(hits: torch.Tensor, n_prompt: int, tokens: list[int], k: int, max_new_tokens: int) -> list[Step]:
+    """The loop's steps (drafted, accepted, bonus: the text's next token) walked as `speculative_generate` walks
+    (greedy): after the prefill token the first chain starts at p = n_prompt - 1; each step drafts min(k, room)
+    tokens, accepts the run of hits, and the next chain starts a + 1 further on. Stops where a check would fall
+    past the text. The rejected draft token is not known here (`Step.rejected` None)."""
     out, emitted, p = [], 1, n_prompt - 1
-    while emitted < min(max_new_tokens, n_tokens):
+    while emitted < min(max_new_tokens, len(tokens)):
         room = min(k, max_new_tokens - emitted - 1)
         a = int(hits[:room, p].int().cumprod(0).sum())
-        if a < room and p + a + 2 >= hits.shape[1]:
-            break  # the draft token it rejects would lie past the text: unknown
-        out.append((room, a))
+        if a < room and p + a + 2 >= hits.shape[1] or emitted + a >= len(tokens):
+            break  # the draft token it rejects, or the bonus token, would lie past the text: unknown
+        out.append(Step(room, a, tokens[emitted + a]))
         emitted, p = emitted + a + 1, p + a + 1
     return out
 
@@ -104,11 +106,10 @@ def gap_rows(draft, gens, k: int, max_new_tokens: int, offline: list[float] | No
         sums = {key: sums.get(key, 0.0) + v for key, v in m.items()}
         h, r = text_counts(hits, len(g.prompt_ids) - 1)
         hit, reach = [a + b for a, b in zip(hit, h, strict=True)], [a + b for a, b in zip(reach, r, strict=True)]
-        got = replay(hits, len(g.prompt_ids), len(g.tokens), k, max_new_tokens)
-        steps = [(s.drafted, s.accepted) for s in g.steps]
-        same += sum(i < len(steps) and steps[i] == step for i, step in enumerate(got))  # after a first miss, paths part
+        got = replay(hits, len(g.prompt_ids), g.tokens, k, max_new_tokens)
+        same += sum(i < len(g.steps) and seen(g.steps[i]) == seen(s) for i, s in enumerate(got))  # paths part at a miss
         replayed += got
-        live += [(s.drafted, s.accepted) for s in g.steps]
+        live += g.steps
     alpha = [a / max(b, 1) for a, b in zip(hit, reach, strict=True)]
     rows = [_alpha_row("teacher-forced, stage 01's eval answers (speculators' metric)", offline, k)] if offline else []
     vocab = [sums[f"cond_acc_{j}_sum"] / max(sums[f"cond_acc_{j}_total"], 1.0) for j in range(k)]
@@ -129,11 +130,16 @@ def _alpha_row(what: str, alpha: list[float], k: int) -> dict:
     }
 
 
-def _steps_row(what: str, steps: list[tuple[int, int]], k: int, same: str) -> dict:
-    drafting = [a for d, a in steps if d >= 1]
+def seen(step: Step) -> tuple[int, int, int]:
+    """What the replay knows of a step: drafted, accepted and the bonus token."""
+    return step.drafted, step.accepted, step.bonus
+
+
+def _steps_row(what: str, steps: list[Step], k: int, same: str) -> dict:
+    m = metrics(steps, k) if steps else {"alpha_n": [None], "tau": None}  # the loop's own definitions
     return {
         "counted": what,
-        "first position": round(sum(a >= 1 for a in drafting) / max(len(drafting), 1), 4),
-        f"tau at k {k}": round(1 + sum(a for _, a in steps) / max(len(steps), 1), 3),
+        "first position": None if m["alpha_n"][0] is None else round(m["alpha_n"][0], 4),
+        f"tau at k {k}": None if m["tau"] is None else round(m["tau"], 3),
         "steps equal to the loop": same,
     }

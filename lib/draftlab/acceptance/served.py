@@ -178,8 +178,8 @@ def per_request(served: dict, loop_tables: dict, ok: list[str], k: int, depth_ed
 
     found = {kind: workload.step_table(served["runs"][kind]) for kind in ok}
     tables = {kind: t for kind, (t, _) in found.items() if t}
-    every_step = [kind for kind in found if served["runs"][kind]["draft_model"]]  # a model drafts at every step
-    known = {kind: t for kind, (t, has_depth) in found.items() if t and has_depth and kind in every_step}
+    # by depth only where a model drafts at every step (vLLM's n-gram counts only the steps with a proposal)
+    known = {kind: t for kind, (t, deep) in found.items() if t and deep and served["runs"][kind]["draft_model"]}
     first = served["runs"]["verifier alone"]["concurrency"]
     source = {kind: served["runs"][kind]["per_request_source"] for kind in tables}
     why = (
