@@ -38,10 +38,13 @@
 # The same four staging calls, then carry [".vllm/b"] instead of `h200`: `online-gpu` (the gpu profile online through
 # vLLM's acceptance), `families-cuda` (every family, ci recipe, on CUDA) or `turns` (ShareGPT's first turns against
 # every turn, by held-out accuracy); each case below says what it runs.
-# Every report also brings back stage 01's answers, $OUT/answers-<dataset>.tar.xz (`answers_back`). Keep them here
-# (`mkdir -p .answers && cp <files_at>/answers-*.tar.xz .answers/`); a later lease takes a fifth staging call before
-# the job, carry [".answers"]: `bash benchmarks/gpu_pipeline.sh stage-answers`, and notebook 01 resumes them instead
-# of starting vLLM to write them again (its summary says "prompts resumed"). Poll again at once, and read the files
+# Every report also brings back stage 01's answers, $OUT/answers-<dataset>.tar.xz (`answers_back`; past 15 MB in
+# parts, .tar.xz.part-aa, -ab, ...). Keep them here (`mkdir -p .answers && cp <files_at>/answers-* .answers/`); a
+# later lease runs `bash benchmarks/gpu_pipeline.sh stage-answers` with them carried (beside stage-deps' carry while
+# they stay under 7.8 MB, the 64 MiB in all; else a call of their own), and notebook 01 resumes them instead of
+# starting vLLM to write them again (its summary says "prompts resumed"). Since 2026-12-03 the `gpu` profile takes
+# ShareGPT's later turns (`sharegpt_turns: all`) and 3000 steps: the `smollm2-gpu` first-turn answers an earlier
+# lease wrote are still resumed (same ids), and vLLM writes the later turns' (14,924 answers in 126 s there). Poll again at once, and read the files
 # afterwards: the machine goes back 30 s after a call ends, with everything on it (a lease was lost so on 2026-12-03).
 # A machine can also go back mid-job: on 2026-12-03 one went 20 minutes after its start, between two calls made at
 # once (the next reply said `warm: false`), so put first in a job what the lease is for.
@@ -128,14 +131,22 @@ status_of() { cat "/tmp/draftlab-$1.log.rc"; }
 
 answers_back() {
   # Stage 01's answers (the verifier's text, appended as each finishes: a lease lost mid-generation still returns
-  # what was written) as $OUT/answers-<dataset>.tar.xz, a few MB. Kept here in .answers/ and carried to the next
-  # lease by `stage-answers`, notebook 01 resumes them (generation and the server's start skipped: 200-390 s of
-  # the `gpu` profile's lease); the hidden states are made there again, they are the lease's own.
-  local d
+  # what was written) as $OUT/answers-<dataset>.tar.xz, in parts of 15 MB past that (a file back is at most 16 MiB:
+  # the `all` turns' 20 MB came back as nothing on 2026-12-03), a dataset whose answers equal one already packed
+  # left out (`turns` copies them). Kept here in .answers/ and carried to the next lease by `stage-answers` (its own
+  # call where the parts pass what a call carries beside the wheels), notebook 01 resumes them (generation and the
+  # server's start skipped: 200-390 s of the `gpu` profile's lease); the hidden states are made there again.
+  local d f sums=" "
   for d in data/runs/*/; do
     d=$(basename "$d")
     compgen -G "data/runs/$d/responses*.jsonl" > /dev/null || continue
+    f=$(cat "data/runs/$d"/responses*.jsonl | md5sum | cut -c1-32)
+    [[ $sums == *" $f "* ]] && continue
+    sums+="$f "
     (cd data/runs && tar cf - "$d"/prompts.jsonl "$d"/responses*.jsonl 2>/dev/null | xz -T0 -3 > "$out/answers-$d.tar.xz")
+    if [ "$(stat -c %s "$out/answers-$d.tar.xz")" -gt 15000000 ]; then
+      split -b 15000000 "$out/answers-$d.tar.xz" "$out/answers-$d.tar.xz.part-" && rm "$out/answers-$d.tar.xz"
+    fi
   done
 }
 
@@ -150,7 +161,7 @@ online_gpu_files() {
   ${PY:-python3} -m draftlab.layout smollm2-ci-cuda metrics.jsonl
 }
 turns_files() {
-  find outputs/"${PROFILE:-gpu}"-turns-* -type f -size -2M; ls /tmp/turns-cross.txt
+  find outputs/"${PROFILE:-gpu}"-turns-* -type f -size -2M; ls /tmp/turns-cross*.txt
   ${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}-turns-*" metrics.jsonl
 }
 families_cuda_files() {
@@ -186,6 +197,9 @@ stage-answers)
   # there (this lease's own) are kept
   mkdir -p data/runs
   for f in .answers/answers-*.tar.xz; do [ -f "$f" ] && tar xJf "$f" -C data/runs --skip-old-files; done
+  for f in .answers/answers-*.tar.xz.part-aa; do  # an archive in parts (`answers_back`)
+    [ -f "$f" ] && cat "${f%aa}"* | tar xJf - -C data/runs --skip-old-files
+  done
   wc -l data/runs/*/responses*.jsonl ;;
 h200)
   out="${OUT:-/tmp/out}"; res=/tmp/h200; p="${PROFILE:-gpu}"
@@ -285,31 +299,73 @@ families-cuda)
 turns)
   # Issue 31 item 6: the gpu profile with ShareGPT's first turns against every turn (sharegpt_turns), each its own
   # dataset, 01 and 04 (EAGLE-3 alone, online as the profile trains), then each draft's held-out first-position
-  # accuracy on both eval splits (benchmarks/cross_eval.py): the value that reads higher is the profile's. After the
-  # four staging calls, carry [".vllm/b"]: bash benchmarks/gpu_pipeline.sh turns   (again, no carry, while it says
-  # "still running"). SETT="--set k=v ..." changes both runs alike (e.g. train_steps).
+  # accuracy on both eval splits (benchmarks/cross_eval.py): the value that reads higher is the profile's; then each
+  # draft's 05 on its own bench prompts (RUN05=0: not). After the four staging calls (the fourth, stage-deps, may
+  # carry [".whl", ".vllm/deps", ".answers"] and run `stage-deps && bash $0 stage-answers`: `first` then resumes the
+  # profile's answers from an earlier lease), carry [".vllm/b"]: bash benchmarks/gpu_pipeline.sh turns   (again, no
+  # carry, while it says "still running"). SETT="--set k=v ..." changes both trainings alike (e.g. train_steps),
+  # SET05 both 05s (e.g. "--set spec_prompts=32 --set serve_concurrency=[1] --set spec_long_prompts=0").
   out="${OUT:-/tmp/out}"
   install_once; vllm_install
   report turns turns_files "/tmp/turns-*.log"
-  grep -a -e "^|" -e "^{" /tmp/turns-cross.txt 2>/dev/null || true
+  grep -a -e "^|" -e "^{" /tmp/turns-cross*.txt 2>/dev/null || true
   exit "$(status_of turns)" ;;
 turns-job)
   install_once; vllm_install
   set -x
   py="${PY:-python3}"; p="${PROFILE:-gpu}"
   while [ -z "${SKIP_INSTALL:-}" ] && [ ! -f /tmp/convert.log.rc ]; do sleep 1; done
-  for t in first all; do
-    # every first turn of `all` is a prompt of `first` (same id, same split: `prompts.load_prompts`), so `all` resumes
-    # the answers `first` wrote and vLLM writes only the later turns' (01's summary counts them: "prompts resumed")
-    [ "$t" = all ] && mkdir -p "data/runs/smollm2-$p-turns-all" \
-      && cp -n "data/runs/smollm2-$p-turns-first"/responses*.jsonl "data/runs/smollm2-$p-turns-all/" 2>/dev/null
+  turns_run() {  # $1 first|all, $2 notebooks, the rest: further --set arguments. `draftlab run` refuses a --set that
+    # none of its notebooks reads: sharegpt_turns goes to 01 alone, draft_kinds to 04 and 05 alone. RUN: a suffix
+    # of the run's name (the dataset is $1's)
+    local t="$1" nb="$2" log="/tmp/turns-$1${RUN:-}-${2//,/}.log"; shift 2
+    [[ $nb == *01* ]] && set -- --set sharegpt_turns="$t" "$@"
+    $py -m draftlab run --profile "$p" --run-name "$p-turns-$t${RUN:-}" --only "$nb" \
+      --set dataset_name="smollm2-$p-turns-$t" "$@" > "$log" 2>&1 || { tail -c 3000 "$log"; return 1; }
+  }
+  # the profile's own first-turn answers (an earlier lease's, `stage-answers`) are `first`'s: same prompts, ids,
+  # splits and settings, so its 01 resumes them (missing: it writes them)
+  mkdir -p "data/runs/smollm2-$p-turns-first"
+  cp -n "data/runs/smollm2-$p"/responses*.jsonl "data/runs/smollm2-$p-turns-first/" 2>/dev/null || true
+  turns_run first 01 || exit 1
+  # every first turn of `all` is a prompt of `first` (same id, same split: `prompts.load_prompts`), so `all` resumes
+  # the answers `first` has and vLLM writes only the later turns' (01's summary counts them: "prompts resumed")
+  mkdir -p "data/runs/smollm2-$p-turns-all"
+  cp -n "data/runs/smollm2-$p-turns-first"/responses*.jsonl "data/runs/smollm2-$p-turns-all/" 2>/dev/null || true
+  # then both at once on the one GPU (each server sized from the memory free at its start: `gpu_memory`; KV_CAP_GIB,
+  # default 16, caps each one's KV cache so that the servers of runs side by side fit): `first` trains while `all`'s
+  # later turns are written; held-out accuracy (cross_eval) once both have trained, and each draft's 05 (RUN05=0
+  # leaves it out; SET05: its further --set arguments) on its own bench prompts. LONG=<steps>: a third draft, on
+  # `all` for that many steps (run gpu-turns-all-long), trained beside `all`'s and read on eval the same way. The
+  # profile takes what reads higher on eval; the bench figures are quoted, never chosen on.
+  export DRAFTLAB_KV_CAP_GIB="${KV_CAP_GIB:-16}"
+  rm -f /tmp/turns-*.trained; k="--set draft_kinds=[eagle3]"
+  # shellcheck disable=SC2086
+  run05() { [ "${RUN05:-1}" = 0 ] || RUN="${2:-}" turns_run "$1" 05 $k ${SET05:-}; }
+  trained() { while kill -0 "$1" 2> /dev/null && [ ! -f "/tmp/turns-$2.trained" ]; do sleep 2; done; [ -f "/tmp/turns-$2.trained" ]; }
+  # shellcheck disable=SC2086
+  ( turns_run first 04 $k ${SETT:-} && touch /tmp/turns-first.trained && run05 first ) &
+  first=$!
+  turns_run all 01 || { wait "$first"; exit 1; }
+  long=
+  if [ -n "${LONG:-}" ]; then
     # shellcheck disable=SC2086
-    $py -m draftlab run --profile "$p" --run-name "$p-turns-$t" --only 01,04 --set sharegpt_turns="$t" \
-      --set dataset_name="smollm2-$p-turns-$t" --set "draft_kinds=[eagle3]" ${SETT:-} > "/tmp/turns-$t.log" 2>&1 \
-      || { tail -c 3000 "/tmp/turns-$t.log"; exit 1; }
-  done
+    ( RUN=-long turns_run all 04 $k ${SETT:-} --set train_steps="$LONG" && touch /tmp/turns-all-long.trained \
+      && run05 all -long ) &
+    long=$!
+  fi
+  # shellcheck disable=SC2086
+  turns_run all 04 $k ${SETT:-} || { wait "$first"; exit 1; }
+  trained "$first" first || { wait "$first"; exit 1; }
   $py benchmarks/cross_eval.py --rows "${EVAL_ROWS:-1000}" --device "${DEVICE:-auto}" --dtype "${DTYPE:-auto}" \
-    --datasets "smollm2-$p-turns-first:$p-turns-first" "smollm2-$p-turns-all:$p-turns-all" > /tmp/turns-cross.txt 2>&1 ;;
+    --datasets "smollm2-$p-turns-first:$p-turns-first" "smollm2-$p-turns-all:$p-turns-all" > /tmp/turns-cross.txt 2>&1
+  run05 all & all=$!
+  if [ -n "$long" ] && trained "$long" all-long; then
+    $py benchmarks/cross_eval.py --rows "${EVAL_ROWS:-1000}" --device "${DEVICE:-auto}" --dtype "${DTYPE:-auto}" \
+      --datasets "smollm2-$p-turns-all:$p-turns-all-long" "smollm2-$p-turns-first:$p-turns-first" \
+      > /tmp/turns-cross-long.txt 2>&1
+  fi
+  wait "$all" && wait "$first" && { [ -z "$long" ] || wait "$long"; } ;;
 families-cuda-job)
   # issue 32 on CUDA: the ci recipe (a few steps of every family) on the GPU, its own run and dataset; beside
   # online-gpu-job (WAIT_MAIN=1) its 05 waits until that job's servers are gone

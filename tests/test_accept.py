@@ -280,6 +280,7 @@ def test_greedy_agreement_accepts_identical_output_and_refuses_a_clear_divergenc
 
 def test_bfloat16_verifier_and_draft_decode_losslessly(tiny, tiny_dir, eagle_path, tmp_path):
     """The GPU profile's dtype, on CPU: every proposer runs in bf16 and stays lossless (up to near-ties)."""
+    from draftlab.acceptance import replay
     from draftlab.acceptance.lossless import greedy_agreement, greedy_check
     from draftlab.acceptance.proposers import make_proposer
     from draftlab.data.verifier import load_verifier
@@ -296,6 +297,12 @@ def test_bfloat16_verifier_and_draft_decode_losslessly(tiny, tiny_dir, eagle_pat
             got = accept.speculative_generate(v16, prop, ids, 4, N_NEW).tokens
             assert greedy_agreement(v16, ids, got, ref)["lossless"], (p, type(prop).__name__)
             assert greedy_check(v16, ids, got, N_NEW)["lossless"], (p, type(prop).__name__)
+        # notebook 05's teacher-forced replay in bf16 too (its float32 loss mask once met a bf16 draft on the H200)
+        live = accept.speculative_generate(v16, make_proposer(drafts[0], v16.vocab_size), ids, 4, N_NEW)
+        hits, sums = replay.chain_hits(drafts[0], ids, live.tokens, 4)
+        assert hits.shape == (4, len(ids) + len(live.tokens)) and sums["cond_acc_0_total"] == len(live.tokens) - 1
+        walked = [replay.seen(s) for s in replay.replay(hits, len(ids), live.tokens, 4, N_NEW)]
+        assert len(walked) >= len(live.steps) - 1 and sum(a for _, a, _ in walked) > 0
 
 
 def test_the_one_forward_greedy_check_passes_the_verifiers_greedy_text_and_catches_every_kind_of_departure(tiny):

@@ -41,6 +41,22 @@ def test_servers_started_together_each_get_a_share_that_fits_beside_the_notebook
     assert big.kv_cache_bytes >= gpu_memory.MIN_KV and 3 * big.utilization * H200 <= free
 
 
+def test_a_lower_kv_cap_from_the_environment_leaves_room_for_more_servers(monkeypatch):
+    free = H200 - 3 * GiB
+    monkeypatch.setenv(gpu_memory.KV_CAP_ENV, "8")
+    capped = size_share(1, free, H200, SMOL)
+    assert capped.kv_cache_bytes == 8 * GiB, "one server alone takes only the cap, not the card"
+    assert capped.utilization * H200 < 14 * GiB
+    monkeypatch.delenv(gpu_memory.KV_CAP_ENV)
+    assert size_share(1, free, H200, SMOL).kv_cache_bytes == gpu_memory.KV_CAP
+    for bad in ("-1", "lots", "0"):
+        monkeypatch.setenv(gpu_memory.KV_CAP_ENV, bad)
+        with pytest.raises(
+            DraftlabError, match=rf"DRAFTLAB_KV_CAP_GIB='{bad}': give the GiB .*\(e.g. DRAFTLAB_KV_CAP_GIB=8\)"
+        ):
+            size_share(1, free, H200, SMOL)
+
+
 def test_a_share_too_small_to_serve_is_refused_naming_the_fix():
     with pytest.raises(
         DraftlabError, match=r"10.0 of 140.4 GiB are free on this GPU: 3 vLLM server\(s\).*Free GPU memory"

@@ -45,14 +45,14 @@ def chain_hits(draft, prompt_ids: list[int], tokens: list[int], k: int) -> tuple
     device = draft.device
     batch = {
         "input_ids": torch.tensor([seq[1:]]),
-        "hidden_states": h[:-1, :-1].flatten(1)[None].to(draft.dtype),
-        "verifier_last_hidden_states": h[1:, -1][None].to(draft.dtype),
+        "hidden_states": h[:-1, :-1].flatten(1)[None],
+        "verifier_last_hidden_states": h[1:, -1][None],
         # the chains over the generated text whose targets lie in it (`known`): the last row's is past its end
         "loss_mask": ((torch.arange(n) >= len(prompt_ids) - 1) & (torch.arange(n) < n - 1))[None].float(),
         "document_ids": torch.zeros(1, n, dtype=torch.long),
         "position_ids": torch.arange(1, n + 1)[None],
     }
-    steps, _, metric_sums = draft.forward(batch, ttt_steps=k)
+    steps, _, metric_sums = draft.forward(batch, cast=True, ttt_steps=k)  # every float in the draft's dtype
     d2t = draft.model.d2t.to(device) if draft.model.d2t is not None else None
     ids = torch.tensor(seq, device=device)
     hits = torch.zeros(k, len(seq), dtype=torch.bool, device=device)

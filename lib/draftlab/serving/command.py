@@ -25,6 +25,24 @@ VLLM_ENV = "DRAFTLAB_VLLM"  # a `vllm` executable to use instead of .venv-vllm/b
 SERVED_NAME = "verifier"
 
 
+def positive_env(name: str, default: float, what: str, example: str) -> float:
+    """The positive number environment variable `name` holds (`what` it counts), else `default`. An environment
+    variable, so that every server reads it: `draftlab run`'s kernels (notebooks 01, 04 and 05) inherit it."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise DraftlabError(
+            f"{name}={raw!r}: give {what} as a positive number (e.g. {name}={example}), or unset it for the "
+            f"default {default:g}."
+        )
+    return value
+
+
 def vllm_executable(required: bool = True) -> Path | None:
     """The `vllm` CLI draftlab starts: $DRAFTLAB_VLLM, else the Makefile's .venv-vllm, else PATH's; None when
     there is none and `required` is False (a command can still be written down). A $DRAFTLAB_VLLM that names

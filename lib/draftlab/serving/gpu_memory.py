@@ -19,6 +19,7 @@ from draftlab import DraftlabError
 
 GiB = 1 << 30
 KV_CAP = 32 * GiB  # a cap, not a need: more only delays a start and crowds the other servers
+KV_CAP_ENV = "DRAFTLAB_KV_CAP_GIB"  # a lower cap where more servers share the card (e.g. runs side by side)
 MIN_KV = 1 * GiB
 
 
@@ -48,13 +49,17 @@ def overhead_bytes(weights_bytes: int) -> int:
 def size_share(
     n_servers: int, free_bytes: int, total_bytes: int, weights_bytes: int, keep_bytes: int | None = None
 ) -> GpuShare:
-    """Each of `n_servers` started together gets (free - keep) / n, at most what a KV cache of KV_CAP needs;
-    `keep` (default: 10% of the card, at least 8 GiB) stays for the notebook's own process."""
+    """Each of `n_servers` started together gets (free - keep) / n, at most what a KV cache of KV_CAP (or
+    $DRAFTLAB_KV_CAP_GIB) needs; `keep` (default: 10% of the card, at least 8 GiB) stays for the notebook's own
+    process."""
     if n_servers < 1:
         raise DraftlabError(f"n_servers={n_servers}: size a share for at least one server.")
     keep = max(8 * GiB, total_bytes // 10) if keep_bytes is None else int(keep_bytes)
     overhead = overhead_bytes(weights_bytes)
-    per = min((free_bytes - keep) // n_servers, overhead + KV_CAP)
+    from draftlab.serving.command import positive_env
+
+    cap = int(positive_env(KV_CAP_ENV, KV_CAP / GiB, "the GiB of KV cache each vLLM server may take", "8") * GiB)
+    per = min((free_bytes - keep) // n_servers, overhead + max(cap, MIN_KV))
     if per < overhead + MIN_KV:
         raise DraftlabError(
             f"{free_bytes / GiB:.1f} of {total_bytes / GiB:.1f} GiB are free on this GPU: {n_servers} vLLM "

@@ -11,7 +11,6 @@ It then speaks vLLM's HTTP API: chat, tokenize, metrics, and the reasons in vLLM
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import tempfile
@@ -22,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from draftlab import DraftlabError
-from draftlab.serving.command import SERVED_NAME, serve_args, server_env, unavailable
+from draftlab.serving.command import SERVED_NAME, positive_env, serve_args, server_env, unavailable
 from draftlab.serving.pair_check import speculative_config
 from draftlab.serving.process import KILLED_WHY, KILLED_WORKER, die_with_parent, free_port, stop_group
 
@@ -32,21 +31,8 @@ STARTUP_TIMEOUT_S = 600  # a CPU start of SmolLM2 with a draft takes about 40 s,
 
 
 def default_startup_timeout() -> float:
-    """The seconds a server may take to start: $DRAFTLAB_VLLM_STARTUP_TIMEOUT, else STARTUP_TIMEOUT_S. An environment
-    variable, so that every server reads it (notebooks 01 and 05, `draftlab run`'s kernels inherit it)."""
-    raw = os.environ.get(STARTUP_TIMEOUT_ENV)
-    if raw is None or not raw.strip():
-        return STARTUP_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise DraftlabError(
-            f"{STARTUP_TIMEOUT_ENV}={raw!r}: give the seconds a vLLM server may take to start as a positive number "
-            f"(e.g. {STARTUP_TIMEOUT_ENV}=1200), or unset it for the default {STARTUP_TIMEOUT_S} s."
-        )
-    return value
+    """The seconds a server may take to start: $DRAFTLAB_VLLM_STARTUP_TIMEOUT, else STARTUP_TIMEOUT_S."""
+    return positive_env(STARTUP_TIMEOUT_ENV, STARTUP_TIMEOUT_S, "the seconds a vLLM server may take to start", "1200")
 
 
 class Server:
