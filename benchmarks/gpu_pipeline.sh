@@ -44,8 +44,9 @@
 # they stay under 7.8 MB, the 64 MiB in all; else a call of their own), and notebook 01 resumes them instead of
 # starting vLLM to write them again (its summary says "prompts resumed"). Since 2026-12-03 the `gpu` profile takes
 # ShareGPT's later turns (`sharegpt_turns: all`) and 3000 steps: the `smollm2-gpu` first-turn answers an earlier
-# lease wrote are still resumed (same ids), and vLLM writes the later turns' (14,924 answers in 126 s there). Poll again at once, and read the files
-# afterwards: the machine goes back 30 s after a call ends, with everything on it (a lease was lost so on 2026-12-03).
+# lease wrote are still resumed (same ids), and vLLM writes the later turns' (14,924 answers in 126 s there).
+# Poll again at once, and read the files afterwards: the machine goes back 30 s after a call ends, with everything
+# on it (a lease was lost so on 2026-12-03).
 # A machine can also go back mid-job: on 2026-12-03 one went 20 minutes after its start, between two calls made at
 # once (the next reply said `warm: false`), so put first in a job what the lease is for.
 # Here, a dry run on the ci data of the whole job (no CUDA, this machine's vLLM; nothing installed):
@@ -342,6 +343,10 @@ turns-job)
   rm -f /tmp/turns-*.trained; k="--set draft_kinds=[eagle3]"
   # shellcheck disable=SC2086
   run05() { [ "${RUN05:-1}" = 0 ] || RUN="${2:-}" turns_run "$1" 05 $k ${SET05:-}; }
+  cross() {  # held-out first-position accuracy of each draft ($@: dataset:run) on each one's eval split
+    $py benchmarks/cross_eval.py --rows "${EVAL_ROWS:-1000}" --device "${DEVICE:-auto}" --dtype "${DTYPE:-auto}" \
+      --datasets "$@"
+  }
   trained() { while kill -0 "$1" 2> /dev/null && [ ! -f "/tmp/turns-$2.trained" ]; do sleep 2; done; [ -f "/tmp/turns-$2.trained" ]; }
   # shellcheck disable=SC2086
   ( turns_run first 04 $k ${SETT:-} && touch /tmp/turns-first.trained && run05 first ) &
@@ -357,13 +362,10 @@ turns-job)
   # shellcheck disable=SC2086
   turns_run all 04 $k ${SETT:-} || { wait "$first"; exit 1; }
   trained "$first" first || { wait "$first"; exit 1; }
-  $py benchmarks/cross_eval.py --rows "${EVAL_ROWS:-1000}" --device "${DEVICE:-auto}" --dtype "${DTYPE:-auto}" \
-    --datasets "smollm2-$p-turns-first:$p-turns-first" "smollm2-$p-turns-all:$p-turns-all" > /tmp/turns-cross.txt 2>&1
+  cross "smollm2-$p-turns-first:$p-turns-first" "smollm2-$p-turns-all:$p-turns-all" > /tmp/turns-cross.txt 2>&1
   run05 all & all=$!
   if [ -n "$long" ] && trained "$long" all-long; then
-    $py benchmarks/cross_eval.py --rows "${EVAL_ROWS:-1000}" --device "${DEVICE:-auto}" --dtype "${DTYPE:-auto}" \
-      --datasets "smollm2-$p-turns-all:$p-turns-all-long" "smollm2-$p-turns-first:$p-turns-first" \
-      > /tmp/turns-cross-long.txt 2>&1
+    cross "smollm2-$p-turns-all:$p-turns-all-long" "smollm2-$p-turns-first:$p-turns-first" > /tmp/turns-cross-long.txt 2>&1
   fi
   wait "$all" && wait "$first" && { [ -z "$long" ] || wait "$long"; } ;;
 families-cuda-job)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftlab import DraftlabError
+from draftlab.serving.command import positive_env
 
 GiB = 1 << 30
 KV_CAP = 32 * GiB  # a cap, not a need: more only delays a start and crowds the other servers
@@ -56,8 +57,6 @@ def size_share(
         raise DraftlabError(f"n_servers={n_servers}: size a share for at least one server.")
     keep = max(8 * GiB, total_bytes // 10) if keep_bytes is None else int(keep_bytes)
     overhead = overhead_bytes(weights_bytes)
-    from draftlab.serving.command import positive_env
-
     cap = int(positive_env(KV_CAP_ENV, KV_CAP / GiB, "the GiB of KV cache each vLLM server may take", "8") * GiB)
     per = min((free_bytes - keep) // n_servers, overhead + max(cap, MIN_KV))
     if per < overhead + MIN_KV:
