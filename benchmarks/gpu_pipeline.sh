@@ -36,8 +36,9 @@
 # 2026-12-02, from the machine's start: 01 391 s, 04 330 s, 05 363 s). A call that must end before the
 # lease does takes WAIT_S (seconds it waits) lower: every call brings back what is finished so far.
 # The same four staging calls, then carry [".vllm/b"] instead of `h200`: `online-gpu` (the gpu profile online through
-# vLLM's acceptance), `families-cuda` (every family, ci recipe, on CUDA) or `turns` (ShareGPT's first turns against
-# every turn, by held-out accuracy); each case below says what it runs.
+# vLLM's acceptance), `served` (the same figures, EAGLE-3's first, DFlash trained beside EAGLE-3's 05), `families-cuda`
+# (every family, ci recipe, on CUDA) or `turns` (ShareGPT's first turns against every turn, by held-out accuracy);
+# each case below says what it runs.
 # Every report also brings back stage 01's answers, $OUT/answers-<dataset>.tar.xz (`answers_back`; past 15 MB in
 # parts, .tar.xz.part-aa, -ab, ...). Keep them here (`mkdir -p .answers && cp <files_at>/answers-* .answers/`); a
 # later lease runs `bash benchmarks/gpu_pipeline.sh stage-answers` with them carried (beside stage-deps' carry while
@@ -165,6 +166,10 @@ turns_files() {
   find outputs/"${PROFILE:-gpu}"-turns-* -type f -size -2M; ls /tmp/turns-cross*.txt
   ${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}-turns-*" metrics.jsonl
 }
+served_files() {
+  find "outputs/${PROFILE:-gpu}" "outputs/${PROFILE:-gpu}-dflash" -type f -size -2M
+  ${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" metrics.jsonl
+}
 families_cuda_files() {
   find outputs/ci-cuda -type f -size -2M; ${PY:-python3} -m draftlab.layout smollm2-ci-cuda metrics.jsonl
 }
@@ -289,6 +294,32 @@ online-gpu-job)
     || { tail -c 3000 /tmp/og-0405.log; exit 1; }
   touch /tmp/og-main.done
   [ -z "${fam:-}" ] || wait "$fam" || echo "the families job failed: /tmp/og-families.log" ;;
+served)
+  # Issue 31's served figures for the profile as it stands, the EAGLE-3 figure first: 01, EAGLE-3's 04 and its 05
+  # (run `gpu`), and DFlash's 04 and 05 (run `gpu-dflash`, same dataset) started once EAGLE-3 has trained, beside
+  # EAGLE-3's 05: a lease that ends early still has the EAGLE-3 figure; tau is a count of accepted tokens, the same
+  # beside a training, but the served tokens/s of the two 05s are not quiet figures. SET05 goes to both 05s (e.g.
+  # "--set spec_prompts=32 --set serve_concurrency=[1] --set spec_long_prompts=0"). After the four staging calls,
+  # carry [".vllm/b"]: bash benchmarks/gpu_pipeline.sh served   (again, no carry, while it says "still running")
+  out="${OUT:-/tmp/out}"
+  install_once; vllm_install
+  report served served_files "/tmp/sv-*.log"
+  exit "$(status_of served)" ;;
+served-job)
+  install_once; vllm_install
+  set -x
+  py="${PY:-python3}"; p="${PROFILE:-gpu}"
+  while [ -z "${SKIP_INSTALL:-}" ] && [ ! -f /tmp/convert.log.rc ]; do sleep 1; done
+  $py -m draftlab run --profile "$p" --only 01 > /tmp/sv-01.log 2>&1 || { tail -c 3000 /tmp/sv-01.log; exit 1; }
+  $py -m draftlab run --profile "$p" --only 04 --set draft_kinds=[eagle3] > /tmp/sv-eagle3-04.log 2>&1 \
+    || { tail -c 3000 /tmp/sv-eagle3-04.log; exit 1; }
+  # shellcheck disable=SC2086  # SET05: further `--set key=value` arguments for both 05s
+  $py -m draftlab run --profile "$p" --run-name "$p-dflash" --only 04,05 --set draft_kinds=[dflash] ${SET05:-} \
+    > /tmp/sv-dflash-0405.log 2>&1 & dflash=$!
+  # shellcheck disable=SC2086
+  $py -m draftlab run --profile "$p" --only 05 --set draft_kinds=[eagle3] ${SET05:-} > /tmp/sv-eagle3-05.log 2>&1 \
+    || { tail -c 3000 /tmp/sv-eagle3-05.log; wait "$dflash"; exit 1; }
+  wait "$dflash" || { tail -c 3000 /tmp/sv-dflash-0405.log; exit 1; } ;;
 families-cuda)
   # Issue 32 on CUDA alone: the ci recipe of every family (SETF="--set draft_kinds=[peagle]" and the like narrows
   # it) through 01-05 on the GPU, vLLM 0.25 serving what it serves. After the four staging calls, carry
@@ -585,6 +616,6 @@ run)
   done
   exit "$(cat "$log.rc")" ;;
 *)
-  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | stage-answers | h200 | online | online-gpu | families-cuda | turns | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
+  echo "usage: $0 prepare | stage | stage2 | stage-deps | stage-vllm a|b | stage-answers | h200 | online | online-gpu | served | families-cuda | turns | run NOTEBOOKS | sharegpt | curve | torchrun" >&2
   exit 2 ;;
 esac
