@@ -38,7 +38,9 @@
 # The same four staging calls, then carry [".vllm/b"] instead of `h200`: `online-gpu` (the gpu profile online through
 # vLLM's acceptance), `served` (the same figures, EAGLE-3's first, DFlash trained beside EAGLE-3's 05), `families-cuda`
 # (every family, ci recipe, on CUDA) or `turns` (ShareGPT's first turns against every turn, by held-out accuracy);
-# each case below says what it runs.
+# each case below says what it runs. `ckpt-back` (no carry, again while it says "more parts") brings the trained
+# drafts back in parts (keep them in .ckpt/); a later lease carries them (`stage-ckpt`, a few parts a call) and
+# serves them without training (TRAINED=1 `served`).
 # Every report also brings back stage 01's answers, $OUT/answers-<dataset>.tar.xz (`answers_back`; past 15 MB in
 # parts, .tar.xz.part-aa, -ab, ...). Keep them here (`mkdir -p .answers && cp <files_at>/answers-* .answers/`); a
 # later lease runs `bash benchmarks/gpu_pipeline.sh stage-answers` with them carried (beside stage-deps' carry while
@@ -129,6 +131,21 @@ report() {
   grep -a -h -A8 "^notebook " $logs || true
 }
 
+draft_dir() {  # $1 dataset, $2 run, $3 kind: that kind's run folder (`RunLayout.draft`)
+  ${PY:-python3} -c "import sys; from draftlab.layout import RunLayout as L; a = sys.argv; print(L(a[1], a[2]).draft(a[3]))" \
+    "$@"
+}
+
+unpack_ckpts() {  # $1 dataset: the parts stage-ckpt gathered, each draft's final/ into its run folder
+  local f name d
+  for f in /tmp/ckpt/ckpt-*.tar.xz.part-aa; do
+    [ -f "$f" ] || continue
+    name=$(basename "${f%.tar.xz.part-aa}"); name=${name#ckpt-}  # <run>_<kind>
+    d=$(draft_dir "$1" "${name%_*}" "${name##*_}")
+    mkdir -p "$d" && cat "${f%aa}"* | tar xJf - -C "$d" && echo "unpacked $d/final"
+  done
+}
+
 status_of() { cat "/tmp/draftlab-$1.log.rc"; }
 
 answers_back() {
@@ -198,6 +215,30 @@ fingerprint(resolve_verifier(\"smollm2\"))' > /tmp/convert.log 2>&1; echo \$? > 
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader || true; nproc; df -h /tmp | tail -1 ;;
 stage-vllm)
   cp ".vllm/${2:?a or b}/part" "/tmp/vllm.part.$2" ;;
+stage-ckpt)
+  # drafts an earlier lease trained and sent back (`ckpt-back`; kept here in .ckpt/, git-ignored), a few parts a
+  # call (a call carries 64 MiB), gathered in /tmp/ckpt; TRAINED=1 `served` unpacks them where notebook 05 finds them
+  mkdir -p /tmp/ckpt && cp .ckpt/ckpt-* /tmp/ckpt/ && ls -la /tmp/ckpt ;;
+ckpt-back)
+  # every trained draft's final/ of the profile's dataset, back as $OUT/ckpt-<run>_<kind>.tar.xz.part-aa, ... (15 MB
+  # parts, four a call: a call brings back 8 files of 16 MiB, 64 MiB in all); exit 3 while parts remain (call again).
+  # Keep them here in .ckpt/ (`mkdir -p .ckpt && cp <files_at>/ckpt-* .ckpt/`): a later lease serves them with
+  # stage-ckpt and TRAINED=1 served, without training them again (EAGLE-3 82 MB, DFlash 54 MB: 62 and 41 MB in xz)
+  out="${OUT:-/tmp/out}"; mkdir -p "$out" /tmp/ckpt-out
+  if [ ! -f /tmp/ckpt-out/.packed ]; then
+    for w in $(${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" final/model.safetensors); do
+      k=$(dirname "$(dirname "$w")"); name="$(basename "$(dirname "$k")")_$(basename "$k")"  # <run>_<kind>
+      tar cf - -C "$k" final | xz -T0 -1 | split -b 15000000 - "/tmp/ckpt-out/ckpt-$name.tar.xz.part-"
+    done
+    touch /tmp/ckpt-out/.packed
+  fi
+  n=0
+  for f in /tmp/ckpt-out/ckpt-*; do
+    [ -f "$f" ] || continue
+    [ "$n" -lt 4 ] || { echo "more parts: call ckpt-back again within 30 s"; exit 3; }
+    mv "$f" "$out/" && n=$((n + 1)) && echo "back: $(basename "$f")"
+  done
+  echo "every part sent" ;;
 stage-answers)
   # an earlier lease's stage-01 answers (`answers_back`), unpacked where notebook 01 resumes them; files already
   # there (this lease's own) are kept
@@ -299,7 +340,8 @@ served)
   # (run `gpu`), and DFlash's 04 and 05 (run `gpu-dflash`, same dataset) started once EAGLE-3 has trained, beside
   # EAGLE-3's 05: a lease that ends early still has the EAGLE-3 figure; tau is a count of accepted tokens, the same
   # beside a training, but the served tokens/s of the two 05s are not quiet figures. SET05 goes to both 05s (e.g.
-  # "--set spec_prompts=32 --set serve_concurrency=[1] --set spec_long_prompts=0"). After the four staging calls,
+  # "--set spec_prompts=32 --set serve_concurrency=[1] --set spec_long_prompts=0"); PAIR=1 trains DFlash beside
+  # EAGLE-3's 04 instead (both figures in one lease; served-job says why). After the five staging calls,
   # carry [".vllm/b"]: bash benchmarks/gpu_pipeline.sh served   (again, no carry, while it says "still running")
   out="${OUT:-/tmp/out}"
   install_once; vllm_install
@@ -311,11 +353,28 @@ served-job)
   py="${PY:-python3}"; p="${PROFILE:-gpu}"
   while [ -z "${SKIP_INSTALL:-}" ] && [ ! -f /tmp/convert.log.rc ]; do sleep 1; done
   $py -m draftlab run --profile "$p" --only 01 > /tmp/sv-01.log 2>&1 || { tail -c 3000 /tmp/sv-01.log; exit 1; }
+  if [ "${TRAINED:-0}" = 1 ]; then  # drafts an earlier lease trained (`ckpt-back`, `stage-ckpt`): 05 alone, each in turn
+    unpack_ckpts "smollm2-$p"
+    for kr in "eagle3 $p" "dflash $p-dflash"; do
+      read -r kind run <<< "$kr"
+      [ -d "$(draft_dir "smollm2-$p" "$run" "$kind")/final" ] || { echo "no $kind carried: its 05 left out"; continue; }
+      # shellcheck disable=SC2086
+      $py -m draftlab run --profile "$p" --run-name "$run" --only 05 --set draft_kinds=["$kind"] ${SET05:-} \
+        > "/tmp/sv-$kind-05.log" 2>&1 || { tail -c 3000 "/tmp/sv-$kind-05.log"; exit 1; }
+    done
+    exit 0
+  fi
+  # PAIR=1: DFlash's 04 starts beside EAGLE-3's 04, not after it (both fit one lease: EAGLE-3's 04 alone took 661 s
+  # and DFlash's, beside EAGLE-3's 05, ran at 3.55 steps/s), each server's KV cache capped at KV_CAP_GIB (16)
+  dflash_run() {
+    # shellcheck disable=SC2086  # SET05: further `--set key=value` arguments for both 05s
+    $py -m draftlab run --profile "$p" --run-name "$p-dflash" --only 04,05 --set draft_kinds=[dflash] ${SET05:-} \
+      > /tmp/sv-dflash-0405.log 2>&1
+  }
+  [ "${PAIR:-0}" = 1 ] && { export DRAFTLAB_KV_CAP_GIB="${KV_CAP_GIB:-16}"; dflash_run & dflash=$!; }
   $py -m draftlab run --profile "$p" --only 04 --set draft_kinds=[eagle3] > /tmp/sv-eagle3-04.log 2>&1 \
     || { tail -c 3000 /tmp/sv-eagle3-04.log; exit 1; }
-  # shellcheck disable=SC2086  # SET05: further `--set key=value` arguments for both 05s
-  $py -m draftlab run --profile "$p" --run-name "$p-dflash" --only 04,05 --set draft_kinds=[dflash] ${SET05:-} \
-    > /tmp/sv-dflash-0405.log 2>&1 & dflash=$!
+  [ "${PAIR:-0}" = 1 ] || { dflash_run & dflash=$!; }
   # shellcheck disable=SC2086
   $py -m draftlab run --profile "$p" --only 05 --set draft_kinds=[eagle3] ${SET05:-} > /tmp/sv-eagle3-05.log 2>&1 \
     || { tail -c 3000 /tmp/sv-eagle3-05.log; wait "$dflash"; exit 1; }

@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32, help="0: every prompt of the split")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--eval-rows", type=int, default=64, help="stage 01 eval rows for speculators' metric")
+    ap.add_argument("--eval-rows", type=int, default=64, help="stage 01 eval rows for speculators' metric (0: none)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--json", help="write the rows here too")
@@ -35,7 +35,8 @@ def main() -> None:
     draft = loaded.drafts["eagle3"]
     prompts = load_spec_prompts(layout.prompts, v.tokenizer, args.split, args.prompts or None)
     gens = run_prompts(v, loaded.proposers["eagle3"], prompts, args.k, args.max_new_tokens, 0.0, 0)
-    offline = offline_alpha(draft, layout.split("eval"), args.k, max_rows=args.eval_rows)
+    # 0 rows: no stage-01 eval states here (a draft trained elsewhere, brought back): that row is left out
+    offline = offline_alpha(draft, layout.split("eval"), args.k, max_rows=args.eval_rows) if args.eval_rows else None
     rows = gap_rows(draft, gens, args.k, args.max_new_tokens, offline)
     where = f"{len(prompts)} {args.split} prompts, k {args.k}, {args.max_new_tokens} new tokens, {v.dtype}, {v.device}"
     print(f"EAGLE-3 of {layout.draft('eagle3')}, {where}")
