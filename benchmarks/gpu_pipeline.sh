@@ -341,7 +341,7 @@ served)
   # EAGLE-3's 05: a lease that ends early still has the EAGLE-3 figure; tau is a count of accepted tokens, the same
   # beside a training, but the served tokens/s of the two 05s are not quiet figures. SET05 goes to both 05s (e.g.
   # "--set spec_prompts=32 --set serve_concurrency=[1] --set spec_long_prompts=0"); PAIR=1 trains DFlash beside
-  # EAGLE-3's 04 instead (both figures in one lease; served-job says why). After the five staging calls,
+  # EAGLE-3's 04 instead (served-job says what that cost). After the five staging calls,
   # carry [".vllm/b"]: bash benchmarks/gpu_pipeline.sh served   (again, no carry, while it says "still running")
   out="${OUT:-/tmp/out}"
   install_once; vllm_install
@@ -364,8 +364,9 @@ served-job)
     done
     exit 0
   fi
-  # PAIR=1: DFlash's 04 starts beside EAGLE-3's 04, not after it (both fit one lease: EAGLE-3's 04 alone took 661 s
-  # and DFlash's, beside EAGLE-3's 05, ran at 3.55 steps/s), each server's KV cache capped at KV_CAP_GIB (16)
+  # PAIR=1: DFlash's 04 starts beside EAGLE-3's 04, not after it, each server's KV cache capped at KV_CAP_GIB (16).
+  # Measured 2026-12-04: the two 04s took about 1,050 s together (EAGLE-3 at 2.8-3.4 steps/s, 5.4 alone), and the
+  # lease had no room left for EAGLE-3's 05; DFlash's 05 finished. Bring the drafts back (`ckpt-back`) before the end.
   dflash_run() {
     # shellcheck disable=SC2086  # SET05: further `--set key=value` arguments for both 05s
     $py -m draftlab run --profile "$p" --run-name "$p-dflash" --only 04,05 --set draft_kinds=[dflash] ${SET05:-} \

@@ -48,6 +48,7 @@ def loop_figures(loops: dict[str, str], prompts: list[dict]) -> dict[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="smollm2-gpu")
+    ap.add_argument("--verifier", default="smollm2", help="the dataset's verifier: smollm2 or a local HF directory")
     ap.add_argument("--drafts", nargs="+", default=["eagle3=gpu"], help="kind=run: data/runs/<dataset>/drafts/<run>/")
     ap.add_argument("--prompts", type=int, default=32, help="the first N bench prompts, as notebook 05 draws them")
     ap.add_argument("--k", type=int, default=5)
@@ -57,7 +58,7 @@ def main() -> None:
     ap.add_argument("--loop", nargs="*", default=[], help="kind=<notebook 05's metrics.json> for the same drafts")
     ap.add_argument("--out", type=Path, help="write every figure here as JSON")
     args = ap.parse_args()
-    v = load_verifier("smollm2", device="cpu", dtype=args.dtype)
+    v = load_verifier(args.verifier, device="cpu", dtype=args.dtype)
     prompts = load_spec_prompts(RunLayout(args.dataset, "bench").prompts, v.tokenizer, "bench", args.prompts)
     drafts = {}
     for kind, run in pairs(args.drafts, "--drafts").items():
