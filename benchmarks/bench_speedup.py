@@ -1,0 +1,357 @@
+"""Served speed-up where speculation pays (issue 48): a verifier, its expansion to a large model's shape, each
+with its drafts at several k, served by vLLM at 1, 8 and 32 requests in flight, beside a cost model.
+
+    python benchmarks/bench_speedup.py --like 8b --draft eagle3=<final/> --ks 1,2,3,5,7 --prompts-from smollm2-default \
+        --prompts 16 --max-tokens 128 --device cuda --dtype bfloat16 --reference --out /tmp/speedup.json
+
+For each verifier (the original, and `data.expand`'s stand-in for each --like): its weight GEMMs and each draft's timed
+as the engine replays them (`acceptance.costs`), then servers, --parallel at a time (started together, measured one
+after the other while the others idle): the verifier alone; each draft (widened by `drafts.expand` for a stand-in)
+at each k; vLLM's n-gram at --ngram-ks. --reference adds the reference model's own shape served with random weights
+(vLLM's dummy load format) alone and with a random EAGLE-3 of its shape at k 5, beside the stand-in with a random
+draft of its own shape: the cost check (same engine, same kernels, acceptance zero on both). Writes every workload and
+a table: tokens/s, vLLM's tau, speed-up with its interval (paired bootstrap over prompts at one in flight, the range of
+--repeats workloads above). `analyse RESULT.json [SERVER]` sets the cost model's predictions beside the measured
+speed-ups (the engine's per-draft-step time fitted on SERVER).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from draftlab.acceptance import costs, speedup, workload
+from draftlab.acceptance.evaluate import load_spec_prompts
+from draftlab.acceptance.served import WARMUP_CHAT, WARMUP_TOKENS
+from draftlab.acceptance.together import start_together, stop_all
+from draftlab.data import stand_in
+from draftlab.data.expand import expand
+from draftlab.data.verifier_dir import resolve_verifier
+from draftlab.drafts.expand import expand_draft
+from draftlab.layout import RunLayout
+from draftlab.serving.counters import served_metrics
+from draftlab.serving.gpu_memory import GpuShare
+from draftlab.serving.pair_check import ngram_config
+from draftlab.serving.server import Server
+
+
+def random_twin(draft_dir: Path, verifier_cfg: dict, out: Path) -> Path:
+    """An EAGLE-3 config of the verifier's shape with no weights, served with vLLM's dummy load format: a draft whose
+    tokens are never accepted, so every step verifies k+1 tokens (the cost check)."""
+    cfg = json.loads((draft_dir / "config.json").read_text())
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+    cfg["transformer_layer_config"].update({k: verifier_cfg[k] for k in keys if k in verifier_cfg})
+    cfg["transformer_layer_config"]["head_dim"] = (
+        verifier_cfg.get("head_dim") or verifier_cfg["hidden_size"] // verifier_cfg["num_attention_heads"]
+    )
+    cfg.update(d2t=None, t2d=None)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+def reference_dir(like: str, tokenizer_from: Path, out: Path) -> Path:
+    """The reference model's config (`stand_in.reference_config`), the verifier's tokenizer beside it, no weights."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(stand_in.reference_config(like), indent=1))
+    for f in tokenizer_from.iterdir():
+        if (
+            f.is_file()
+            and f.suffix not in (".safetensors",)
+            and f.name not in ("config.json", "expansion.json")
+            and "index" not in f.name
+        ):
+            shutil.copy2(f, out / f.name)
+    return out
+
+
+def slim(src: Path, dst: Path) -> None:
+    """A draft checkpoint without the verifier's embeddings (frozen, the verifier's own: `with_embeddings` puts them
+    back from the verifier on the other side), so that it travels in one device call."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    weights = load_file(str(src / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if k != "embed_tokens.weight"}, str(dst / "model.safetensors"))
+    shutil.copy2(src / "config.json", dst / "config.json")
+
+
+def with_embeddings(draft: Path, verifier: Path, out: Path) -> Path:
+    """`draft` as it was trained: the verifier's embeddings back in it where `slim` took them out."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(draft / "model.safetensors"))
+    if "embed_tokens.weight" in weights:
+        return draft
+    for f in sorted(verifier.glob("*.safetensors")):
+        with safe_open(f, "pt") as st:
+            if "model.embed_tokens.weight" in st.keys():
+                dtype = next(iter(weights.values())).dtype
+                weights["embed_tokens.weight"] = st.get_tensor("model.embed_tokens.weight").to(dtype)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy2(draft / "config.json", out / "config.json")
+    return out
+
+
+def gpu_share(n: int, kv_gib: float) -> GpuShare:
+    """An equal share of the free GPU for each of n servers started together, with a fixed KV cache: draftlab's own
+    sizing (`gpu_memory.size_share`) keeps room for compile workspaces that an 8B-shaped model's servers three at a time
+    do not leave (weights 14 GB, a KV cache of a few GB and CUDA graphs fit a third of an H100)."""
+    free, total = torch.cuda.mem_get_info()
+    per = (free - 2 * 2**30) / n
+    return GpuShare(int(per / total * 1e4) / 1e4, int(kv_gib * 2**30), f"{n} servers, {per / 2**30:.1f} GiB each")
+
+
+def measure(server: Server, prompts, pool, max_tokens: int, levels, repeats: int) -> dict:
+    server.chat(WARMUP_CHAT, WARMUP_TOKENS)  # first-request kernel compiles left out of the seconds
+    runs = {}
+    for c in levels:
+        work = prompts if c == 1 else (prompts + pool)[: max(len(prompts), 3 * c)]
+        reps = [workload.run(server, work, max_tokens, c) for _ in range(1 if c == 1 else repeats)]
+        runs[c] = {
+            "tokens_per_s": [r["tokens_per_s"] for r in reps],
+            "wall_s": [r["wall_s"] for r in reps],
+            "tokens": [r["tokens"] for r in reps],
+            "metrics": served_metrics(reps[0]["counts"]) if server.spec else None,
+            "outputs": [{"token_ids": o["token_ids"], "seconds": o["seconds"]} for o in reps[0]["outputs"]]
+            if c == 1
+            else None,
+        }
+    return {"command": server.command, "startup_s": server.startup_s, "levels": runs}
+
+
+def plan_servers(args, variants: dict, drafts: dict, tmp: Path) -> list[tuple[str, dict]]:
+    """(name, Server kwargs) of every server, in the order they are measured."""
+    out = []
+    for v, vdir in variants.items():
+        out.append((f"{v} alone", dict(verifier_dir=vdir)))
+        for kind, ddir in drafts[v].items():
+            out += [(f"{v} {kind} k{k}", dict(verifier_dir=vdir, draft_dir=ddir, k=k)) for k in args.ks]
+        out += [(f"{v} ngram k{k}", dict(verifier_dir=vdir, k=k, spec=ngram_config(k, 3))) for k in args.ngram_ks]
+    if args.reference:
+        dummy = ["--load-format", "dummy"]
+        for like in args.like:
+            vdir = variants[like]
+            ref = reference_dir(like, vdir, tmp / f"reference-{like}")
+            base = next(iter(drafts[like].values()))
+            for name, d in ((f"reference {like}", ref), (f"{like} (random weights)", vdir)):
+                twin = random_twin(
+                    base, json.loads((d / "config.json").read_text()), tmp / f"twin-{name.split()[0]}-{like}"
+                )
+                spec = {"method": "eagle3", "model": str(twin), "num_speculative_tokens": 5}
+                out.append((f"{name} alone", dict(verifier_dir=d, extra_args=dummy)))
+                out.append((f"{name} random eagle3 k5", dict(verifier_dir=d, k=5, spec=spec, extra_args=dummy)))
+    return out
+
+
+def main() -> None:
+    a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    a.add_argument("--verifier", default="smollm2")
+    a.add_argument("--like", action="append", default=[], help="stand-in(s) to expand to: 8b, 1b")
+    a.add_argument("--draft", action="append", default=[], help="kind=final/ folder trained for the verifier")
+    a.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[5])
+    a.add_argument("--ngram-ks", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
+    a.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    a.add_argument("--prompts-from", required=True, help="a dataset_name whose bench split is served")
+    a.add_argument("--prompts", type=int, default=16)
+    a.add_argument("--max-tokens", type=int, default=128)
+    a.add_argument("--repeats", type=int, default=3)
+    a.add_argument("--device", default="cuda")
+    a.add_argument("--dtype", default="bfloat16")
+    a.add_argument("--parallel", type=int, default=3)
+    a.add_argument("--reference", action="store_true")
+    a.add_argument("--kv-gib", type=float, default=4.0, help="each server's KV cache on a GPU")
+    a.add_argument(
+        "--define-reference",
+        action="append",
+        default=[],
+        help="name=hidden,intermediate,layers,heads,kv_heads,head_dim,vocab: a reference shape of one's own (tests)",
+    )
+    a.add_argument("--calibrate", default=None, help="'<server name>': the per-draft-step engine time fitted there")
+    a.add_argument("--out", required=True)
+    args = a.parse_args()
+    t0, out_path, tmp = time.time(), Path(args.out), Path(args.out).with_suffix(".work")
+    for d in args.define_reference:
+        name, nums = d.split("=", 1)
+        stand_in.REFERENCES[name] = stand_in.Reference(f"{name} reference", *map(int, nums.split(",")), False)
+    dtype = getattr(torch, args.dtype)
+    src = resolve_verifier(args.verifier)
+    variants = {"original": src, **{like: expand(src, like, dtype=dtype, device=args.device) for like in args.like}}
+    given = dict(d.split("=", 1) for d in args.draft)
+    drafts = {"original": {kind: with_embeddings(Path(p), src, tmp / f"{kind}-trained") for kind, p in given.items()}}
+    for like in args.like:
+        drafts[like] = {kind: expand_draft(Path(p), variants[like]) for kind, p in drafts["original"].items()}
+    result = {"args": vars(args), "variants": {v: str(p) for v, p in variants.items()}, "costs": {}, "servers": {}}
+    print(f"expanded in {time.time() - t0:.0f} s: {result['variants']}", flush=True)
+    for v, vdir in variants.items():  # before any server holds the GPU
+        vcfg = json.loads((vdir / "config.json").read_text())
+        ver = costs.time_gemms(costs.linear_shapes(vcfg), range(1, max(args.ks) + 3), args.device, dtype)
+        drf = {}
+        for kind, d in drafts[v].items():
+            dcfg = json.loads((d / "config.json").read_text())
+            tl = {**dcfg["transformer_layer_config"], "draft_vocab_size": dcfg.get("draft_vocab_size")}
+            drf[kind] = costs.time_gemms(costs.linear_shapes(tl, draft=True), [1], args.device, dtype)[1]
+        result["costs"][v] = {"verify_s": ver, "draft_s": drf}
+        print(f"costs {v}: V(1) {ver[1] * 1e3:.3f} ms, V(6) {ver.get(6, 0) * 1e3:.3f} ms, drafts {drf}", flush=True)
+        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+    if args.reference:
+        for like in args.like:
+            ref = stand_in.reference_config(like)
+            t = costs.time_gemms(costs.linear_shapes(ref), [1, 6], args.device, dtype)
+            result["costs"][f"reference {like}"] = {"verify_s": t}
+            print(f"costs reference {like}: V(1) {t[1] * 1e3:.3f} ms, V(6) {t[6] * 1e3:.3f} ms", flush=True)
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(src)
+    prompts_file = RunLayout(args.prompts_from, "").prompts
+    prompts = load_spec_prompts(prompts_file, tok, "bench", args.prompts)
+    pool = [p for p in load_spec_prompts(prompts_file, tok, "bench") if p["id"] not in {q["id"] for q in prompts}]
+    todo = plan_servers(args, variants, drafts, tmp)
+    max_len = max(len(p["ids"]) for p in prompts + pool) + args.max_tokens + max(args.ks) + 64
+    for i in range(0, len(todo), args.parallel):
+        group = todo[i : i + args.parallel]
+        share = gpu_share(len(group), args.kv_gib) if args.device.startswith("cuda") else None
+        servers = {
+            name: Server(
+                dtype=args.dtype,
+                device=args.device,
+                max_model_len=max_len,
+                gpu=share,
+                log_path=tmp / f"{name.replace(' ', '_')}.log",
+                **kw,
+            )
+            for name, kw in group
+        }
+        try:
+            started = start_together(servers)
+            for name, s in servers.items():
+                if started[name] is not None:
+                    result["servers"][name] = {"error": str(started[name]).splitlines()[0], "log_tail": s.log_tail(15)}
+                else:
+                    result["servers"][name] = measure(s, prompts, pool, args.max_tokens, args.concurrency, args.repeats)
+                print(f"[{time.time() - t0:.0f} s] {name}: {summary_line(result['servers'][name])}", flush=True)
+                s.stop()
+                out_path.write_text(json.dumps(result, indent=1, default=str))
+        finally:
+            stop_all(servers)
+    result["table"] = table(result, args)
+    out_path.write_text(json.dumps(result, indent=1, default=str))
+    print_table(result["table"])
+
+
+def summary_line(r: dict) -> str:
+    if "error" in r:
+        return "ERROR " + r["error"]
+    parts = [
+        f"c{c}: {sum(lv['tokens_per_s']) / len(lv['tokens_per_s']):.1f} tok/s"
+        + (f" tau {lv['metrics']['tau']:.3f}" if lv["metrics"] else "")
+        for c, lv in r["levels"].items()
+    ]
+    return f"start {r['startup_s']:.0f} s; " + "; ".join(parts)
+
+
+def table(result: dict, args) -> list[dict]:
+    """Speed-up of each drafting server over its verifier alone, at each level, beside the cost model's prediction."""
+    rows, servers = [], result["servers"]
+    for name, r in servers.items():
+        alone_name = name.rsplit(" ", 2)[0] + " alone" if " k" in name else None
+        if alone_name is None or alone_name not in servers or "error" in r or "error" in servers[alone_name]:
+            continue
+        alone = servers[alone_name]
+        for c, lv in r["levels"].items():
+            base = alone["levels"][c]
+            if c == 1 and lv["outputs"] and base["outputs"]:
+                ci = speedup.paired_over_prompts(base["outputs"], lv["outputs"])
+            else:
+                ci = speedup.over_repeats(base["tokens_per_s"], lv["tokens_per_s"])
+            rows.append(
+                {
+                    "server": name,
+                    "in flight": c,
+                    "tokens/s alone": sum(base["tokens_per_s"]) / len(base["tokens_per_s"]),
+                    "tokens/s": sum(lv["tokens_per_s"]) / len(lv["tokens_per_s"]),
+                    "vLLM tau": (lv["metrics"] or {}).get("tau"),
+                    "speed-up": ci["value"],
+                    "low": ci["low"],
+                    "high": ci["high"],
+                }
+            )
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| server | in flight | tokens/s alone | tokens/s | vLLM tau | speed-up (95%) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        tau = f"{r['vLLM tau']:.3f}" if r["vLLM tau"] else "-"
+        print(
+            f"| {r['server']} | {r['in flight']} | {r['tokens/s alone']:.1f} | {r['tokens/s']:.1f} | {tau} | "
+            f"{r['speed-up']:.3f} [{r['low']:.3f}, {r['high']:.3f}] |"
+        )
+
+
+def predictions(result: dict, calibrate: str | None) -> list[dict]:
+    """The cost model (`acceptance.costs`) against every measured speed-up at one request in flight: V and D as timed,
+    E from each verifier served alone, the engine's per-draft-step time E_d fitted on the `calibrate` server alone
+    (0 without one), tau vLLM's own for each server."""
+    servers, rows = result["servers"], []
+
+    def parts(name):
+        v, kind, k = name.rsplit(" ", 2)
+        k, c = int(k[1:]), result["costs"][v]
+        alone = servers[f"{v} alone"]["levels"]
+        plain = 1 / (sum(alone["1"]["tokens_per_s"]) / len(alone["1"]["tokens_per_s"]))
+        lv = servers[name]["levels"]["1"]
+        ver = {int(m): t for m, t in c["verify_s"].items()}
+        draft = c["draft_s"].get(kind, 0.0)
+        return k, plain, ver, draft, lv["metrics"]["tau"], lv["tokens_per_s"][0]
+
+    e_d = 0.0
+    if calibrate:
+        k, plain, ver, draft, tau, tps = parts(calibrate)
+        e_d = (tau / tps - ver[k + 1] - (plain - ver[1]) - k * draft) / k
+    for name, r in servers.items():
+        if not re.search(r" k\d+$", name) or name.startswith(("reference", "8b (", "1b (")) or "error" in r:
+            continue
+        k, plain, ver, draft, tau, tps = parts(name)
+        model = costs.Costs(ver, draft, plain - ver[1], e_d if " ngram " not in name else 0.0)
+        pred = costs.predict({k: tau}, model)[0]
+        measured = tps * plain
+        rows.append(
+            {
+                "server": name,
+                "k": k,
+                "vLLM tau": tau,
+                "V(1) ms": ver[1] * 1e3,
+                "V(k+1) ms": ver[k + 1] * 1e3,
+                "draft ms": draft * 1e3,
+                "engine ms": (plain - ver[1]) * 1e3,
+                "engine per draft step ms": model.engine_draft_s * 1e3,
+                "predicted": pred["predicted speed-up"],
+                "measured": measured,
+                "error": pred["predicted speed-up"] / measured - 1,
+                "break-even tau": pred["break-even tau"],
+                "bound by": pred["bound by"],
+                "calibration": name == calibrate,
+            }
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "slim":  # slim DRAFT_DIR OUT_DIR
+        slim(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "analyse":  # analyse RESULT.json [CALIBRATION SERVER]
+        res = json.loads(Path(sys.argv[2]).read_text())
+        print_table(res["table"])
+        for row in predictions(res, sys.argv[3] if len(sys.argv) > 3 else None):
+            print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+    else:
+        main()

@@ -1,0 +1,159 @@
+"""Where a speculative step's time goes, and the speed-up each chain length k buys.
+
+A served step at chain length k is one verifier forward over k+1 tokens, k draft steps and the engine's own work
+around them; a token served without a draft is one verifier forward over 1 token and the engine's work. So
+
+    speed-up(k) = tau(k) * (V(1) + E) / (V(k+1) + E + k * (D + E_d))
+
+with tau(k) the tokens per step (draftlab's loop), V(m) the verifier's forward over m tokens, D one draft step's
+forward, E the engine's own time per step (scheduling, sampling, attention metadata; measured as a served token of
+the verifier alone minus V(1)) and E_d its own time per draft step. A verifier whose step reads its weights from
+memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up approaches tau; where the engine's fixed
+cost or the drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict` gives every k, `best_k`
+the one this machine and verifier favour, `bound` which term limits it.
+
+V and D are measured as the engine runs them where draftlab can: on a GPU, vLLM replays CUDA graphs, so V and D are
+the weight GEMMs of every layer captured in one CUDA graph (`time_gemms`: what a decode step reads); on a CPU vLLM
+runs eager torch, so they are the eager forwards (`time_forward`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Costs:
+    """Seconds per verifier forward over m tokens, per draft step, and the engine's own per step and draft step."""
+
+    verify_s: dict[int, float]
+    draft_s: float
+    engine_s: float = 0.0
+    engine_draft_s: float = 0.0
+    how: dict = field(default_factory=dict)  # how each was measured
+
+    def plain_s(self) -> float:
+        return self.verify_s[1] + self.engine_s
+
+    def step_s(self, k: int) -> float:
+        return self.verify_s[k + 1] + self.engine_s + k * (self.draft_s + self.engine_draft_s)
+
+
+def predict(tau_k: dict[int, float], costs: Costs) -> list[dict]:
+    """One row per k: tau, the predicted step and plain token times and speed-up, and the term that bounds it."""
+    rows = []
+    for k, tau in sorted(tau_k.items()):
+        if k + 1 not in costs.verify_s:
+            continue
+        step = costs.step_s(k)
+        rows.append(
+            {
+                "k": k,
+                "tau": tau,
+                "step ms": step * 1e3,
+                "plain ms/token": costs.plain_s() * 1e3,
+                "predicted speed-up": tau * costs.plain_s() / step,
+                "break-even tau": step / costs.plain_s(),
+                "bound by": bound(costs, k),
+            }
+        )
+    return rows
+
+
+def best_k(rows: list[dict]) -> int | None:
+    return max(rows, key=lambda r: r["predicted speed-up"])["k"] if rows else None
+
+
+def bound(costs: Costs, k: int) -> str:
+    """Which cost a step adds to a plain token's most: verifying k more tokens, drafting k, or the engine's share."""
+    terms = {
+        "verifying k+1 tokens": costs.verify_s[k + 1] - costs.verify_s[1],
+        "drafting": k * (costs.draft_s + costs.engine_draft_s),
+        "the engine's fixed cost": costs.engine_s,
+    }
+    return max(terms, key=terms.get)
+
+
+def linear_shapes(cfg: dict, draft: bool = False) -> list[tuple[int, int]]:
+    """(in, out) of each weight GEMM a decode step runs through a Llama-shaped model (`cfg`: a config.json, or an
+    EAGLE-3 draft's transformer_layer_config with `draft=True`: its layer reads [embeddings, hidden], and its fc
+    the aux states). The lm_head is the draft's vocabulary for a draft."""
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * hd, (cfg.get("num_key_value_heads") or cfg["num_attention_heads"]) * hd
+    width = 2 * h if draft else h
+    layer = [(width, q), (width, kv), (width, kv), (q, h), (h, inter), (h, inter), (inter, h)]
+    head = [(h, cfg.get("draft_vocab_size") or cfg["vocab_size"])]
+    return ([(3 * h, h)] if draft else []) + layer * cfg["num_hidden_layers"] + head
+
+
+def time_gemms(shapes: list[tuple[int, int]], ms, device="cuda", dtype=torch.bfloat16, repeats: int = 50) -> dict:
+    """{m: seconds} for one pass over every weight GEMM in `shapes` at m tokens: on CUDA captured in one CUDA graph
+    (as vLLM replays a decode step), the median of `repeats` replays; on a CPU eager, the median of a few passes."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    weights = [(torch.randn(o, i, generator=g) * 0.02).to(device, dtype) for i, o in shapes]
+    out = {}
+    for m in ms:
+        xs = {i: torch.randn(m, i, generator=g).to(device, dtype) for i in {i for i, _ in shapes}}
+
+        def run(xs=xs):
+            for w in weights:
+                torch.matmul(xs[w.shape[1]], w.t())
+
+        out[m] = _median_time(run, device, repeats)
+    return out
+
+
+def _median_time(fn, device, repeats: int) -> float:
+    if str(device).startswith("cuda"):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()  # warm-up outside the graph (cuBLAS picks its kernels)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        times = []
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        return float(torch.tensor(times).median())
+    fn()
+    times = []
+    for _ in range(max(3, repeats // 10)):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(torch.tensor(times).median())
+
+
+@torch.no_grad()
+def time_forward(model, ms, context: int = 128, repeats: int = 5) -> dict:
+    """{m: seconds} of a causal LM's eager forward over m new tokens after a cached context of `context` tokens (the
+    cache cropped back after each), the median of `repeats`: what a CPU engine running eager torch pays per step."""
+    from transformers import DynamicCache
+
+    dev = next(model.parameters()).device
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0)).to(dev)
+    cache = DynamicCache()
+    model(ids, past_key_values=cache, use_cache=True)
+    out = {}
+    for m in ms:
+        new = torch.randint(0, vocab, (1, m), generator=torch.Generator().manual_seed(m)).to(dev)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model(new, past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - t0)
+            cache.crop(context)
+        out[m] = float(torch.tensor(times).median())
+    return out
