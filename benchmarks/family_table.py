@@ -1,11 +1,11 @@
-"""README's verifier-family matrix, rendered from what tests/test_families.py measured.
+"""The verifier-family matrix of docs/verifiers.md, rendered from what tests/test_families.py measured.
 
     python benchmarks/family_table.py            # print the table of the last run (outputs/families/results.json)
-    python benchmarks/family_table.py --write    # and put it into README.md between the families markers
+    python benchmarks/family_table.py --write    # and put it into docs/verifiers.md between the families markers
 
-The test writes the results of every run and fails when README's block differs from them. A cell the run
+The test writes the results of every run and fails when the page's block differs from them. A cell the run
 did not produce (the vLLM cell of a family `make test` does not serve: a server costs about a minute here)
-keeps README's value (a run with DRAFTLAB_FAMILIES_VLLM=one leaves most vLLM cells unmeasured).
+keeps the page's value (a run with DRAFTLAB_FAMILIES_VLLM=one leaves most vLLM cells unmeasured).
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "outputs" / "families" / "results.json"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "verifiers.md"
 START, END = "<!-- families:start -->", "<!-- families:end -->"
 CELLS = ("extraction", "draft", "train", "loop", "vLLM")
 NOT_RUN = "not run"
 
 
 def block(text: str) -> str:
-    """What README holds between the markers (stripped)."""
+    """What the page holds between the markers (stripped)."""
     if START not in text or END not in text:
-        raise SystemExit(f"README.md has no {START} ... {END} block")
+        raise SystemExit(f"docs/verifiers.md has no {START} ... {END} block")
     return text.split(START, 1)[1].split(END, 1)[0].strip()
 
 
-def readme_cells(text: str) -> dict[str, dict[str, str]]:
-    """{family label: {cell: text}} from README's table."""
+def page_cells(text: str) -> dict[str, dict[str, str]]:
+    """{family label: {cell: text}} from the page's table."""
     out = {}
     for line in block(text).splitlines():
         parts = [p.strip() for p in line.strip().strip("|").split("|")]
@@ -62,21 +62,21 @@ def render(results: dict, previous: dict[str, dict[str, str]] | None = None) -> 
     return "\n".join(lines)
 
 
-def write(results: dict, readme: Path = README) -> bool:
-    """Put the rendered block into README; True when it changed. Refuses a run with failures."""
+def write(results: dict, page: Path = PAGE) -> bool:
+    """Put the rendered block into the page; True when it changed. Refuses a run with failures."""
     if not results.get("complete"):
         raise SystemExit(
-            "the run did not cover every family (pytest -k?), not writing README: run the whole tests/test_families.py"
+            "the run did not cover every family (pytest -k?), not writing the page: run all of tests/test_families.py"
         )
     failed = [
         (f["label"], c) for f in results["families"] for c, v in f["cells"].items() if v and v.startswith("FAILED")
     ]
     if failed:
-        raise SystemExit(f"the run has failures, not writing README: {failed}")
-    text = readme.read_text()
+        raise SystemExit(f"the run has failures, not writing the page: {failed}")
+    text = page.read_text()
     head, rest = text.split(START, 1)
-    new = f"{head}{START}\n{render(results, readme_cells(text))}\n{END}{rest.split(END, 1)[1]}"
-    readme.write_text(new)
+    new = f"{head}{START}\n{render(results, page_cells(text))}\n{END}{rest.split(END, 1)[1]}"
+    page.write_text(new)
     return new != text
 
 
@@ -86,9 +86,9 @@ def main(argv: list[str]) -> int:
         return 1
     results = json.loads(RESULTS.read_text())
     if "--write" in argv:
-        print("README.md updated" if write(results) else "README.md already up to date")
+        print("docs/verifiers.md updated" if write(results) else "docs/verifiers.md already up to date")
     else:
-        print(render(results, readme_cells(README.read_text())))
+        print(render(results, page_cells(PAGE.read_text())))
     return 0
 
 

@@ -3,7 +3,7 @@
 Every verifier is built offline from transformers' own config class (7 layers, hidden 64, the shared
 test tokenizer's vocabulary) and saved with save_pretrained + tokenizer: a local HF causal-LM
 directory, as a researcher brings one. `run_family` goes through what notebooks 01, 03, 04 and 05
-call and returns one cell per stage; tests/test_families.py asserts them and renders README's table.
+call and returns one cell per stage; tests/test_families.py asserts them and renders the table of docs/verifiers.md.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ EVAL_TEXTS = ["for i in range(10): print(i)", "speculative decoding drafts token
 
 @dataclass(frozen=True)
 class Family:
-    label: str  # the README table's first column
+    label: str  # the first column of docs/verifiers.md's table
     config: Callable | None = None  # (tokenizer) -> a transformers config; None for a wrapper
     wraps: str | None = None  # a wrapper (text_config + `language_model.` prefix) around this family
     refused: dict[str, str] = field(default_factory=dict)  # cell -> regex of the DraftlabError expected there

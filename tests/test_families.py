@@ -1,6 +1,7 @@
 """Every verifier family a researcher brings (issue 20): one tiny random verifier per family through draftlab's public
 pipeline (stage-01 extraction, EAGLE-3 and DFlash drafts, two training steps, reload, the speculative loop, vLLM), and
-README's compatibility table, which must be what this run measured (benchmarks/family_table.py renders it)."""
+the compatibility table of docs/verifiers.md, which must be what this run measured (benchmarks/family_table.py
+renders it)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from families import CELLS, FAMILIES, OK, draft_family, drafts, extraction, loop
 
 ROOT = Path(__file__).resolve().parents[1]
 # `make test` serves every family (about a minute each); DRAFTLAB_FAMILIES_VLLM=one serves only the
-# families marked serve=True, for a quicker local run (the other vLLM cells then keep README's value)
+# families marked serve=True, for a quicker local run (the other vLLM cells then keep the page's value)
 SERVE_ALL = os.environ.get("DRAFTLAB_FAMILIES_VLLM", "all") == "all"
 RESULTS: dict[str, dict[str, str | None]] = {}
 NA = "–"
@@ -112,14 +113,14 @@ def test_family(name, home, family_root):
         assert cells["vLLM"].startswith(OK), cells["vLLM"]
 
 
-def test_readme_table_is_what_this_run_measured():
+def test_docs_table_is_what_this_run_measured():
     if set(RESULTS) != set(FAMILIES):
         pytest.skip(f"only {sorted(RESULTS)} of the matrix ran in this session")
     t = _table()
-    text = (ROOT / "README.md").read_text()
-    want = t.render(_results(), t.readme_cells(text))
+    text = (ROOT / "docs" / "verifiers.md").read_text()
+    want = t.render(_results(), t.page_cells(text))
     assert t.block(text) == want, (
-        "README's family table differs from this run: run `python benchmarks/family_table.py --write`"
+        "docs/verifiers.md's family table differs from this run: run `python benchmarks/family_table.py --write`"
     )
     assert t.NOT_RUN not in want, "a cell was never measured: run once with DRAFTLAB_FAMILIES_VLLM=all, then --write"
 
@@ -140,7 +141,7 @@ def test_the_table_renders_a_refusal_and_keeps_cells_a_run_did_not_produce():
             }
         ]
     }
-    old = t.readme_cells(f"{t.START}\n| family | {' | '.join(CELLS)} |\n| --- |\n| A | x | x | x | x | kept |\n{t.END}")
+    old = t.page_cells(f"{t.START}\n| family | {' | '.join(CELLS)} |\n| --- |\n| A | x | x | x | x | kept |\n{t.END}")
     rows = t.render(results, old).splitlines()
     assert rows[2] == f"| A | {OK} | refused: final norm is a LayerNorm | {NA} | {NA} | kept |"
     assert t.render(results).splitlines()[2].endswith(f"| {t.NOT_RUN} |")
