@@ -74,12 +74,14 @@ def reference_dir(like: str, tokenizer_from: Path, out: Path) -> Path:
 
 def slim(src: Path, dst: Path) -> None:
     """A draft checkpoint without the verifier's embeddings (frozen, the verifier's own: `with_embeddings` puts them
-    back from the verifier on the other side), so that it travels in one device call."""
+    back from the verifier on the other side) and in bf16, so that it travels beside a staging call's other parts."""
     from safetensors.torch import load_file, save_file
 
     dst.mkdir(parents=True, exist_ok=True)
     weights = load_file(str(src / "model.safetensors"))
-    save_file({k: v for k, v in weights.items() if k != "embed_tokens.weight"}, str(dst / "model.safetensors"))
+    weights.pop("embed_tokens.weight", None)
+    keep = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()}
+    save_file(keep, str(dst / "model.safetensors"))  # in bf16, the dtype it is served in there
     shutil.copy2(src / "config.json", dst / "config.json")
 
 
@@ -94,21 +96,12 @@ def with_embeddings(draft: Path, verifier: Path, out: Path) -> Path:
     for f in sorted(verifier.glob("*.safetensors")):
         with safe_open(f, "pt") as st:
             if "model.embed_tokens.weight" in st.keys():
-                dtype = next(iter(weights.values())).dtype
+                dtype = next(v.dtype for v in weights.values() if v.is_floating_point())
                 weights["embed_tokens.weight"] = st.get_tensor("model.embed_tokens.weight").to(dtype)
     out.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     shutil.copy2(draft / "config.json", out / "config.json")
     return out
-
-
-def gpu_share(n: int, kv_gib: float) -> GpuShare:
-    """An equal share of the free GPU for each of n servers started together, with a fixed KV cache: draftlab's own
-    sizing (`gpu_memory.size_share`) keeps room for compile workspaces that an 8B-shaped model's servers three at a time
-    do not leave (weights 14 GB, a KV cache of a few GB and CUDA graphs fit a third of an H100)."""
-    free, total = torch.cuda.mem_get_info()
-    per = (free - 2 * 2**30) / n
-    return GpuShare(int(per / total * 1e4) / 1e4, int(kv_gib * 2**30), f"{n} servers, {per / 2**30:.1f} GiB each")
 
 
 def measure(server: Server, prompts, pool, max_tokens: int, levels, repeats: int) -> dict:
@@ -122,35 +115,85 @@ def measure(server: Server, prompts, pool, max_tokens: int, levels, repeats: int
             "wall_s": [r["wall_s"] for r in reps],
             "tokens": [r["tokens"] for r in reps],
             "metrics": served_metrics(reps[0]["counts"]) if server.spec else None,
-            "outputs": [{"token_ids": o["token_ids"], "seconds": o["seconds"]} for o in reps[0]["outputs"]]
+            "outputs": [{k: o[k] for k in ("token_ids", "seconds", "prompt_token_ids")} for o in reps[0]["outputs"]]
             if c == 1
             else None,
         }
     return {"command": server.command, "startup_s": server.startup_s, "levels": runs}
 
 
-def plan_servers(args, variants: dict, drafts: dict, tmp: Path) -> list[tuple[str, dict]]:
-    """(name, Server kwargs) of every server, in the order they are measured."""
-    out = []
-    for v, vdir in variants.items():
-        out.append((f"{v} alone", dict(verifier_dir=vdir)))
-        for kind, ddir in drafts[v].items():
-            out += [(f"{v} {kind} k{k}", dict(verifier_dir=vdir, draft_dir=ddir, k=k)) for k in args.ks]
-        out += [(f"{v} ngram k{k}", dict(verifier_dir=vdir, k=k, spec=ngram_config(k, 3))) for k in args.ngram_ks]
+def plan_servers(args, variants: dict, drafts: dict, tmp: Path) -> list[tuple[str, dict, float]]:
+    """(name, Server kwargs, GiB it holds on a GPU) of every server, in the order they are measured: each verifier
+    alone and with its drafts at the first k, then the cost check, then the other k, then the n-gram."""
+    gib = 2**30
+    size = {v: sum(f.stat().st_size for f in Path(d).glob("*.safetensors")) / gib for v, d in variants.items()}
+    kv = {v: args.kv_gib if v != "original" else 1.0 for v in variants}
+    extra = ["--max-num-seqs", str(max(args.concurrency))]  # CUDA graphs captured for the batches served, no more
+
+    def server(name, v, **kw):
+        draft = kw.get("draft_dir")
+        held = (
+            size[v]
+            + (sum(f.stat().st_size for f in Path(draft).glob("*.safetensors")) / gib if draft else 0)
+            + kv[v]
+            + 4  # activations, CUDA graphs, the CUDA context
+        )
+        return name, {**kw, "extra_args": extra + kw.pop("extra_args", [])} | {"verifier_dir": variants[v]}, held
+
+    ks = {kind: args.kind_ks.get(kind, args.ks) for v in variants for kind in drafts[v]}
+    lead = next(iter(drafts["original"]), None)  # the first draft given: measured at every k before the others
+    order = list(reversed(variants))  # the stand-ins first
+    first = [server(f"{v} alone", v) for v in order]
+    first += [server(f"{v} {lead} k{ks[lead][0]}", v, draft_dir=drafts[v][lead], k=ks[lead][0]) for v in order if lead]
+    check = []
     if args.reference:
         dummy = ["--load-format", "dummy"]
         for like in args.like:
-            vdir = variants[like]
-            ref = reference_dir(like, vdir, tmp / f"reference-{like}")
+            ref = reference_dir(like, variants[like], tmp / f"reference-{like}")
+            ref_gib = stand_in.count_parameters(stand_in.reference_config(like)) * 2 / gib
             base = next(iter(drafts[like].values()))
-            for name, d in ((f"reference {like}", ref), (f"{like} (random weights)", vdir)):
+            for name, d in ((f"reference {like}", ref), (f"{like} (random weights)", variants[like])):
                 twin = random_twin(
                     base, json.loads((d / "config.json").read_text()), tmp / f"twin-{name.split()[0]}-{like}"
                 )
                 spec = {"method": "eagle3", "model": str(twin), "num_speculative_tokens": 5}
-                out.append((f"{name} alone", dict(verifier_dir=d, extra_args=dummy)))
-                out.append((f"{name} random eagle3 k5", dict(verifier_dir=d, k=5, spec=spec, extra_args=dummy)))
-    return out
+                if name.startswith("reference"):
+                    check.append(
+                        (f"{name} alone", {"verifier_dir": d, "extra_args": extra + dummy}, ref_gib + kv[like] + 3)
+                    )
+                held = (ref_gib if name.startswith("reference") else size[like]) + kv[like] + 5
+                check.append(
+                    (
+                        f"{name} random eagle3 k5",
+                        {"verifier_dir": d, "k": 5, "spec": spec, "extra_args": extra + dummy},
+                        held,
+                    )
+                )
+    rest = [
+        server(f"{v} {kind} k{k}", v, draft_dir=d, k=k)
+        for k in args.ks[1:]
+        for v in variants
+        for kind, d in drafts[v].items()
+    ]
+    ngram = [
+        server(f"{v} ngram k{k}", v, k=k, spec=ngram_config(k, 3))
+        for k in args.ngram_ks
+        for v in variants
+        if v != "original"
+    ]
+    return first + check + rest + ngram
+
+
+def groups(todo: list, budget_gib: float, most: int) -> list[list]:
+    """Consecutive servers started together while their GPU memory fits the budget (at most `most` at once)."""
+    out, held = [[]], 0.0
+    for item in todo:
+        if out[-1] and (held + item[2] > budget_gib or len(out[-1]) >= most):
+            out.append([])
+            held = 0.0
+        out[-1].append(item)
+        held += item[2]
+    return [g for g in out if g]
 
 
 def main() -> None:
@@ -159,6 +202,12 @@ def main() -> None:
     a.add_argument("--like", action="append", default=[], help="stand-in(s) to expand to: 8b, 1b")
     a.add_argument("--draft", action="append", default=[], help="kind=final/ folder trained for the verifier")
     a.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[5])
+    a.add_argument(
+        "--kind-ks",
+        type=lambda s: {kv.split("=")[0]: [int(x) for x in kv.split("=")[1].split(",")] for kv in s.split(";") if kv},
+        default={},
+        help="other k for a kind, e.g. 'dflash=5,7'",
+    )
     a.add_argument("--ngram-ks", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
     a.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     a.add_argument("--prompts-from", required=True, help="a dataset_name whose bench split is served")
@@ -167,7 +216,7 @@ def main() -> None:
     a.add_argument("--repeats", type=int, default=3)
     a.add_argument("--device", default="cuda")
     a.add_argument("--dtype", default="bfloat16")
-    a.add_argument("--parallel", type=int, default=3)
+    a.add_argument("--parallel", type=int, default=6, help="at most this many servers started together")
     a.add_argument("--reference", action="store_true")
     a.add_argument("--kv-gib", type=float, default=4.0, help="each server's KV cache on a GPU")
     a.add_argument(
@@ -215,20 +264,27 @@ def main() -> None:
     pool = [p for p in load_spec_prompts(prompts_file, tok, "bench") if p["id"] not in {q["id"] for q in prompts}]
     todo = plan_servers(args, variants, drafts, tmp)
     max_len = max(len(p["ids"]) for p in prompts + pool) + args.max_tokens + max(args.ks) + 64
-    for i in range(0, len(todo), args.parallel):
-        group = todo[i : i + args.parallel]
-        share = gpu_share(len(group), args.kv_gib) if args.device.startswith("cuda") else None
+    budget = (torch.cuda.mem_get_info()[0] / 2**30 - 2) if args.device.startswith("cuda") else 1e9
+    for group in groups(todo, budget, args.parallel):
+        total = torch.cuda.mem_get_info()[1] / 2**30 if args.device.startswith("cuda") else 1
         servers = {
             name: Server(
                 dtype=args.dtype,
                 device=args.device,
                 max_model_len=max_len,
-                gpu=share,
-                log_path=tmp / f"{name.replace(' ', '_')}.log",
+                gpu=GpuShare(
+                    int(held / total * 1e4) / 1e4,
+                    int((args.kv_gib if "original" not in name else 1) * 2**30),
+                    f"{held:.1f} GiB",
+                )
+                if args.device.startswith("cuda")
+                else None,
+                log_path=tmp / f"{name.replace(' ', '_').replace('(', '').replace(')', '')}.log",
                 **kw,
             )
-            for name, kw in group
+            for name, kw, held in group
         }
+        print(f"[{time.time() - t0:.0f} s] starting {list(servers)}", flush=True)
         try:
             started = start_together(servers)
             for name, s in servers.items():

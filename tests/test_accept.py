@@ -424,3 +424,30 @@ def test_teacher_forced_counts_pool_each_depth_over_the_chains_that_reached_it()
     assert walked(2, text, 5) == [(2, 1, 12), (1, 1, 14)]  # one token of room left: one drafted
     assert walked(6, text[:2], 10) == []  # depth 1 at p = 5 would check a token past the text
     assert walked(2, text[:5], 10) == [(2, 1, 12)]  # the next run of 2 ends on the text's last token: no bonus
+
+
+def test_one_pass_gives_the_loops_tau_at_every_k(tiny, eagle):
+    """replay.tau_by_k walks one TTT pass at the longest k for every shorter k: each must be the loop's own tau at
+    that k (its steps up to where the replay can see, the last one past an eos aside)."""
+    from draftlab.acceptance import replay
+
+    ks, gens = (1, 2, 4), {}
+    for k in ks:
+        gens[k] = [
+            accept.speculative_generate(
+                tiny, Eagle3Proposer(eagle.model, tiny.vocab_size), tiny.tokenizer(p)["input_ids"], k, N_NEW
+            )
+            for p in PROMPTS
+        ]
+    got = replay.tau_by_k(eagle, gens[4], ks, N_NEW)
+    for k in ks:
+        steps = []
+        for g in gens[k]:
+            seen = len(
+                replay.replay(
+                    replay.chain_hits(eagle, g.prompt_ids, g.tokens, k)[0], len(g.prompt_ids), g.tokens, k, N_NEW
+                )
+            )
+            steps += g.steps[:seen]
+        assert got[k] == pytest.approx(sum(s.accepted + 1 for s in steps) / len(steps)), k
+    assert got[4] > got[1] > 1.0, got  # the trained draft is accepted, longer chains gain

@@ -292,9 +292,14 @@ def makefile_targets() -> set[str]:
 
 
 def pipeline_jobs() -> set[str]:
+    """The script's jobs, and those of closed issues its header says live on at a named commit (the pages quoting
+    their figures name that commit)."""
     script = (ROOT / "benchmarks" / "gpu_pipeline.sh").read_text()
     cases = script[script.index('case "${1:-}" in') :]
-    return {j for label in re.findall(r"^([\w|-]+)\)", cases, re.M) for j in label.split("|")}
+    retired = re.search(r"Jobs of closed issues \(([^)]*)\) are in this script at\s*#?\s*commit [0-9a-f]{7}", script)
+    return {j for label in re.findall(r"^([\w|-]+)\)", cases, re.M) for j in label.split("|")} | set(
+        retired.group(1).replace(" ", "").split(",") if retired else ()
+    )
 
 
 def segments(words: list[str]) -> list[list[str]]:

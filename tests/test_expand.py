@@ -72,19 +72,22 @@ class Recording:
         return p
 
 
-def test_the_expanded_draft_proposes_what_the_original_does(verifier_dir, tiny_ref, tmp_path):
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_the_expanded_draft_proposes_what_the_original_does(verifier_dir, tiny_ref, tmp_path, kind):
     from draftlab.acceptance.proposers import load_draft, make_proposer
     from draftlab.acceptance.speculative import speculative_generate
     from draftlab.data.verifier import load_verifier
-    from draftlab.drafts.draft import build_eagle3
+    from draftlab.drafts.draft import build_draft
 
     torch.manual_seed(1)
     draft = tmp_path / "run" / "final"
-    build_eagle3(verifier_dir).model.save_pretrained(draft)
+    build_draft(kind, verifier_dir).model.save_pretrained(draft)
     big = expand(verifier_dir, "tiny", tmp_path / "x", dtype=torch.float32, device="cpu")
     big_draft = expand_draft(draft, big)
     cfg = json.loads((big_draft / "config.json").read_text())
-    assert cfg["transformer_layer_config"]["hidden_size"] == 64 and cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    key = "eagle_aux_hidden_state_layer_ids" if kind == "eagle3" else "aux_hidden_state_layer_ids"
+    assert cfg["transformer_layer_config"]["hidden_size"] == 64
+    assert cfg[key] == json.loads((draft / "config.json").read_text())[key]  # the original's aux layers
     ids = make_tokenizer()("hello how are you today")["input_ids"]
     made = []
     for vdir, ddir in ((verifier_dir, draft), (big, big_draft)):
@@ -139,3 +142,37 @@ def test_smollm2_plans_name_what_they_stand_in_for():
     assert big.num_hidden_layers == 32 and big.name.startswith("SmolLM2-135M-Instruct expanded to Llama-3.1-8B's shape")
     assert one.num_hidden_layers == 30 and one.num_attention_heads % 3 == 0 and one.hidden_size >= 576
     assert 0.8 < big.parameters / big.reference_parameters < 1.0  # SmolLM2's smaller vocabulary: fewer lm_head weights
+
+
+def test_vllm_serves_the_expansion_with_its_draft_and_writes_the_originals_greedy_text(
+    serve_verifier, tmp_path, monkeypatch
+):
+    """vLLM CPU, fp32: the tiny expansion alone and with its widened EAGLE-3 writes the original's greedy text."""
+    from draftlab.acceptance import served
+    from draftlab.acceptance.evaluate import verifier_greedy
+    from draftlab.data.generate import _chat_ids
+    from draftlab.data.verifier import load_verifier
+    from draftlab.drafts.draft import build_eagle3
+
+    # serve_dir's shape (hidden 64, 2 heads of 32) twice as wide, one more layer: vLLM CPU's attention takes head_dim 32
+    monkeypatch.setitem(
+        stand_in.REFERENCES, "served", stand_in.Reference("Served-Ref", 128, 256, 9, 4, 4, 32, 1000, False)
+    )
+    draft = tmp_path / "eagle3" / "final"
+    build_eagle3(serve_verifier.path).model.save_pretrained(draft)
+    big = expand(serve_verifier.path, "served", tmp_path / "x", dtype=torch.float32, device="cpu")
+    big_draft = expand_draft(draft, big)
+    v = load_verifier(big, device="cpu", dtype="float32")
+    rows = [
+        {"id": f"p{i}", "source": "chat", "text": t} for i, t in enumerate(["hello how are you today", "print('hi')"])
+    ]
+    prompts = [{**r, "ids": _chat_ids(v.tokenizer, r)} for r in rows]
+    refs = [verifier_greedy(serve_verifier, p["ids"], 12) for p in prompts]  # the original's own greedy text
+    got = served.measure(v, {"eagle3": big_draft}, prompts, 3, 12, tmp_path, concurrency=(1,))
+    assert got["available"], got
+    for kind in ("verifier alone", "eagle3"):
+        assert [o["token_ids"] for o in got["runs"][kind]["outputs"]] == refs, kind
+    assert (
+        got["runs"]["eagle3"]["drafts"] > 0
+        and got["runs"]["eagle3"]["aux_layers_logged"] == got["runs"]["eagle3"]["aux_layers_checkpoint"]
+    )

@@ -123,6 +123,27 @@ def served_speed(rows: list[dict], title: str):
     return _finish(fig, axes[1], "requests in flight", "speed-up over the verifier alone", title)
 
 
+def speedup_plot(predicted: dict[str, list[dict]], measured: dict[str, list[dict]], title: str):
+    """The cost model's speed-up against k, one line per proposer (`costs.predict` rows), and vLLM's measured speed-ups
+    at one request in flight with their intervals (`speedup.served_at_k`) as points of the same colour."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for i, (name, rows) in enumerate(predicted.items()):
+        ax.plot(
+            [r["k"] for r in rows],
+            [r["predicted speed-up"] for r in rows],
+            "-",
+            color=f"C{i}",
+            label=f"{name}, predicted",
+        )
+        got = [m for m in measured.get(name, []) if m.get("speed-up") is not None]
+        if got:
+            y = [m["speed-up"] for m in got]
+            err = [[m["speed-up"] - m["low"] for m in got], [m["high"] - m["speed-up"] for m in got]]
+            ax.errorbar([m["k"] for m in got], y, yerr=err, fmt="o", color=f"C{i}", capsize=3, label=f"{name}, vLLM")
+    ax.axhline(1.0, color="k", lw=0.6, ls=":")
+    return _finish(fig, ax, "draft length k (chain)", "speed-up, one request in flight", title)
+
+
 def interval_plot(estimates: dict[str, dict], stat: str = "tau", title: str = ""):
     """Forest chart of `stat` per proposer (`intervals.estimate` outputs): the pooled figure and the
     per-request mean, each with its interval, side by side, since the two rules can disagree."""

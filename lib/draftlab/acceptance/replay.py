@@ -143,3 +143,16 @@ def _steps_row(what: str, steps: list[Step], k: int, same: str) -> dict:
         f"tau at k {k}": None if m["tau"] is None else round(m["tau"], 3),
         "steps equal to the loop": same,
     }
+
+
+def tau_by_k(draft, gens, ks, max_new_tokens: int) -> dict[int, float]:
+    """Pooled tau at every chain length in `ks` from one TTT pass over each greedy output (`chain_hits` at the
+    longest k, `replay` at each): greedy verification emits the verifier's own text at any k, so one pass gives
+    what the loop would measure at each k (the replay equals the loop step for step, `gap_rows`), without decoding
+    the prompts again per k."""
+    top, steps = max(ks), {k: [] for k in ks}
+    for g in gens:
+        hits, _ = chain_hits(draft, g.prompt_ids, g.tokens, top)
+        for k in ks:
+            steps[k] += replay(hits, len(g.prompt_ids), g.tokens, k, max_new_tokens)
+    return {k: sum(s.accepted + 1 for s in st) / max(len(st), 1) for k, st in steps.items()}

@@ -41,7 +41,11 @@ INDEX = "model.safetensors.index.json"
 def grow(t: torch.Tensor, shape: tuple[int, ...], fill: str, gen: torch.Generator, dtype) -> torch.Tensor:
     """`t` in the leading corner of a tensor of `shape`; the rest zero ('zero': it would write into the padded
     coordinates, or carry the extra heads' and units' output) or small random values ('random': it only meets 0)."""
-    out = torch.zeros(shape, dtype=dtype) if fill == "zero" else torch.randn(shape, generator=gen).mul_(0.02).to(dtype)
+    out = (
+        torch.zeros(shape, dtype=dtype)
+        if fill == "zero"
+        else torch.empty(shape).normal_(0, 0.02, generator=gen).to(dtype)
+    )
     out[tuple(slice(0, n) for n in t.shape)] = t.to(dtype)
     return out
 

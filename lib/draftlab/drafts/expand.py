@@ -6,8 +6,10 @@ exactly zero, so the columns that read them are padded (with values that only ev
 is padded to the expanded verifier's where vLLM and speculators need them equal (the hidden size: a real EAGLE-3
 draft for an 8B verifier is that wide), with extra heads and MLP units whose output projections are zero and
 RMSNorms rescaled as the verifier's. So its proposals are unchanged and each of its steps costs what a real draft's
-for a verifier of that shape costs. EAGLE-3 only: its layer is a Llama layer whose only epsilon is the hidden-size
-norms'. (DFlash's Qwen3 layers normalise each head's q and k with the same epsilon, which the rule rescales.)
+for a verifier of that shape costs. EAGLE-3's layer is a Llama layer whose only epsilon is the hidden-size norms', so
+it is exact; DFlash's Qwen3 layers also normalise each head's q and k over head_dim with the same config epsilon,
+which the rule rescales by H / H': those two norms then differ from the original's by about (eps - eps') / (2 mean
+q^2), far below bf16's resolution where q is not near zero (its proposals are checked equal in fp32 in the tests).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import torch
 from draftlab import DraftlabError
 from draftlab.data.expand import MARKER, grow, scaled_norm
 from draftlab.data.stand_in import Plan
+
+WIDENED = ("eagle3", "dflash")
 
 
 def blocks(t: torch.Tensor, rows: int, old: int, new: int, fill: str, gen, dtype) -> torch.Tensor:
@@ -43,7 +47,7 @@ def widen(name: str, t: torch.Tensor, h: int, p: Plan, gen, dtype) -> torch.Tens
         p.intermediate_size,
     )
     scale = math.sqrt(h / hn)
-    if name in ("d2t", "t2d"):
+    if name in ("d2t", "t2d") or name.endswith(("q_norm.weight", "k_norm.weight")):  # vocabularies; per-head norms
         return t
     if name.endswith("norm.weight"):  # input_norm spans the three aux states: a block each
         n = t.numel() // h
@@ -83,15 +87,14 @@ def expand_draft(draft_dir, expanded_verifier, out=None, seed: int = 0) -> Path:
     info = json.loads((ver / MARKER).read_text())
     p, dtype = Plan(**info["plan"]), getattr(torch, info["dtype"])
     cfg = json.loads((src / "config.json").read_text())
-    if cfg.get("speculators_model_type") != "eagle3":
+    if cfg.get("speculators_model_type") not in WIDENED:
         raise DraftlabError(
-            f"{src} is a {cfg.get('speculators_model_type')!r} draft: the expansion widens EAGLE-3 drafts only (their "
-            "layer is a Llama layer whose only epsilon is the hidden-size norms'). Serve the others on the original "
-            "verifier."
+            f"{src} is a {cfg.get('speculators_model_type')!r} draft: the expansion widens {', '.join(WIDENED)} drafts "
+            "(the others' layers hold parts the padding rule is not proven on). Serve them on the original verifier."
         )
     tl = cfg["transformer_layer_config"]
     h = tl["hidden_size"]
-    if cfg.get("eagle_aux_hidden_state_layer_ids") is None:
+    if (cfg.get("eagle_aux_hidden_state_layer_ids") or cfg.get("aux_hidden_state_layer_ids")) is None:
         raise DraftlabError(
             f"{src}/config.json names no aux layer ids: the expansion keeps them, so they must be explicit."
         )

@@ -1,0 +1,47 @@
+"""The cost model of a speculative step and the served speed-up's intervals (issue 48), on hand-made numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftlab.acceptance import costs, speedup
+
+
+def test_the_model_is_the_formula_and_picks_the_k_where_drafting_stops_paying():
+    v = {m: 0.010 + 0.001 * (m - 1) for m in range(1, 9)}  # a verifier whose forward grows 10% a token
+    c = costs.Costs(v, draft_s=0.002, engine_s=0.005)
+    tau = {1: 1.7, 2: 2.2, 3: 2.5, 4: 2.6, 5: 2.65}
+    rows = costs.predict(tau, c)
+    for r in rows:
+        k = r["k"]
+        step = v[k + 1] + 0.005 + k * 0.002
+        assert r["predicted speed-up"] == pytest.approx(tau[k] * 0.015 / step)
+        assert r["break-even tau"] == pytest.approx(step / 0.015)
+    assert costs.best_k(rows) == 2  # 2.2 * 15 / 21 = 1.571 beats k 3 (2.5 * 15 / 24 = 1.5625) and k 1 (1.417)
+    assert costs.bound(c, 5) == "drafting" and costs.bound(costs.Costs(v, 0.0001, 0.02), 1) == "the engine's fixed cost"
+    memory_bound = costs.Costs({m: 0.004 for m in range(1, 9)}, draft_s=0.0002, engine_s=0.0003)
+    assert costs.predict({5: 2.6}, memory_bound)[0]["predicted speed-up"] == pytest.approx(2.6 * 4.3 / 5.3)
+
+
+def test_gemm_timing_counts_more_work_as_more_time():
+    shapes = costs.linear_shapes({"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 2,
+                                  "num_attention_heads": 4, "vocab_size": 5000})  # fmt: skip
+    assert len(shapes) == 2 * 7 + 1 and shapes[-1] == (256, 5000)
+    t = costs.time_gemms(shapes, [1, 64], device="cpu", dtype=__import__("torch").float32, repeats=30)
+    assert 0 < t[1] < t[64]
+
+
+def test_speedup_over_prompts_is_paired_and_its_interval_holds_it():
+    plain = [{"token_ids": [0] * n, "seconds": n / 10} for n in (40, 60, 80, 100)]  # 10 tokens/s
+    twice = [{"token_ids": [0] * n, "seconds": n / 20} for n in (40, 60, 80, 100)]
+    r = speedup.paired_over_prompts(plain, twice)
+    assert r["value"] == pytest.approx(2.0) and r["low"] == pytest.approx(2.0) and r["high"] == pytest.approx(2.0)
+    mixed = [{"token_ids": [0] * n, "seconds": n / s} for n, s in ((40, 15), (60, 25), (80, 18), (100, 22))]
+    r = speedup.paired_over_prompts(plain, mixed)
+    assert r["low"] < r["value"] < r["high"] and r["value"] == pytest.approx(
+        (280 / sum(o["seconds"] for o in mixed)) / 10
+    )
+    with pytest.raises(ValueError, match="same prompts"):
+        speedup.paired_over_prompts(plain, mixed[:2])
+    rep = speedup.over_repeats([100.0, 110.0], [150.0, 160.0])
+    assert rep["low"] == pytest.approx(150 / 110) and rep["high"] == pytest.approx(1.6) and rep["repeats"] == 2
