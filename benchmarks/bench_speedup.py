@@ -52,6 +52,8 @@ def random_twin(draft_dir: Path, verifier_cfg: dict, out: Path) -> Path:
         verifier_cfg.get("head_dim") or verifier_cfg["hidden_size"] // verifier_cfg["num_attention_heads"]
     )
     cfg.update(d2t=None, t2d=None)
+    layers = verifier_cfg["num_hidden_layers"]  # aux layers that exist in this verifier (speculators' default rule)
+    cfg["eagle_aux_hidden_state_layer_ids"] = [2, layers // 2, layers - 3]
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return out
@@ -353,61 +355,111 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
-def predictions(result: dict, calibrate: str | None) -> list[dict]:
-    """The cost model (`acceptance.costs`) against every measured speed-up at one request in flight: V and D as timed,
-    E from each verifier served alone, the engine's per-draft-step time E_d fitted on the `calibrate` server alone
-    (0 without one), tau vLLM's own for each server."""
+def one_in_flight(result: dict, name: str) -> tuple[float, float | None]:
+    """(seconds a token, vLLM's tau) of a server's one-in-flight workload."""
+    lv = result["servers"][name]["levels"]["1"]
+    return 1 / (sum(lv["tokens_per_s"]) / len(lv["tokens_per_s"])), (lv["metrics"] or {}).get("tau")
+
+
+def host_line(result: dict, variant: str, kind: str) -> tuple[float, float]:
+    """The engine's host work per speculative step, c0 + k * c1, fitted (least squares) to a verifier's measured steps
+    (tau over tokens/s, one in flight) at every k it was served at: on a GPU a small verifier's step is the host's."""
+    import numpy as np
+
+    pts = []
+    for name in result["servers"]:
+        m = re.fullmatch(rf"{re.escape(variant)} {kind} k(\d+)", name)
+        if m and "error" not in result["servers"][name]:
+            sec, tau = one_in_flight(result, name)
+            pts.append((int(m.group(1)), tau * sec))
+    k, step = np.array(pts, dtype=float).T
+    c1, c0 = np.polyfit(k, step, 1)
+    return float(c0), float(c1)
+
+
+def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3") -> list[dict]:
+    """The cost model against every measured speed-up at one request in flight. Each stand-in is predicted from its
+    weight GEMMs (V, D), its own plain token (E) and the original verifier's served tau at the same k (the same function,
+    so the same text and acceptance); the engine's host line comes from the `calibrate` verifier's own speculative
+    runs, so no speculative run of a stand-in enters its prediction. The calibrating verifier's rows are a fit."""
     servers, rows = result["servers"], []
-
-    def parts(name):
-        v, kind, k = name.rsplit(" ", 2)
-        k, c = int(k[1:]), result["costs"][v]
-        alone = servers[f"{v} alone"]["levels"]
-        plain = 1 / (sum(alone["1"]["tokens_per_s"]) / len(alone["1"]["tokens_per_s"]))
-        lv = servers[name]["levels"]["1"]
-        ver = {int(m): t for m, t in c["verify_s"].items()}
-        draft = c["draft_s"].get(kind, 0.0)
-        return k, plain, ver, draft, lv["metrics"]["tau"], lv["tokens_per_s"][0]
-
-    e_d = 0.0
-    if calibrate:
-        k, plain, ver, draft, tau, tps = parts(calibrate)
-        e_d = (tau / tps - ver[k + 1] - (plain - ver[1]) - k * draft) / k
-    for name, r in servers.items():
-        if not re.search(r" k\d+$", name) or name.startswith(("reference", "8b (", "1b (")) or "error" in r:
+    host = host_line(result, calibrate, kind)
+    for name in servers:
+        m = re.fullmatch(rf"(\S+) {kind} k(\d+)", name)
+        if not m or "error" in servers[name] or f"{m.group(1)} alone" not in servers:
             continue
-        k, plain, ver, draft, tau, tps = parts(name)
-        model = costs.Costs(ver, draft, plain - ver[1], e_d if " ngram " not in name else 0.0)
-        pred = costs.predict({k: tau}, model)[0]
-        measured = tps * plain
-        rows.append(
-            {
-                "server": name,
-                "k": k,
-                "vLLM tau": tau,
-                "V(1) ms": ver[1] * 1e3,
-                "V(k+1) ms": ver[k + 1] * 1e3,
-                "draft ms": draft * 1e3,
-                "engine ms": (plain - ver[1]) * 1e3,
-                "engine per draft step ms": model.engine_draft_s * 1e3,
-                "predicted": pred["predicted speed-up"],
-                "measured": measured,
-                "error": pred["predicted speed-up"] / measured - 1,
-                "break-even tau": pred["break-even tau"],
-                "bound by": pred["bound by"],
-                "calibration": name == calibrate,
-            }
-        )
+        v, k = m.group(1), int(m.group(2))
+        c = result["costs"][v]
+        plain = one_in_flight(result, f"{v} alone")[0]
+        ver = {int(x): t for x, t in c["verify_s"].items()}
+        model = costs.Costs(ver, c["draft_s"][kind], plain - ver[1], host)
+        sec, tau = one_in_flight(result, name)
+        tau_from = f"{calibrate} {kind} k{k}" if f"{calibrate} {kind} k{k}" in servers else name
+        pred = costs.predict({k: one_in_flight(result, tau_from)[1]}, model)[0]
+        measured = plain / sec
+        rows.append({"server": name, "k": k, "vLLM tau": tau, "tau used": pred["tau"], "V(1) ms": ver[1] * 1e3,
+                     "V(k+1) ms": ver[k + 1] * 1e3, "draft ms": c["draft_s"][kind] * 1e3, "engine ms": (plain - ver[1]) * 1e3,
+                     "host ms": (host[0] + k * host[1]) * 1e3, "step ms (measured)": tau * sec * 1e3,
+                     "step ms (model)": model.step_s(k) * 1e3, "predicted": pred["predicted speed-up"], "measured": measured,
+                     "error": pred["predicted speed-up"] / measured - 1, "break-even tau": pred["break-even tau"],
+                     "bound by": pred["bound by"], "fit": v == calibrate})  # fmt: skip
     return rows
+
+
+def checks(result: dict, like: str, base: str = "original") -> dict:
+    """The stand-in against its reference's shape (served cost, plain and with k+1 verified) and against the
+    original (the same greedy text, the same tau)."""
+    s = result["servers"]
+    out = {}
+    for c in ("1", "8", "32"):
+        pairs = {"plain": (f"{like} alone", f"reference {like} alone"),
+                 "k 5 verified": (f"{like} (random weights) random eagle3 k5", f"reference {like} random eagle3 k5")}  # fmt: skip
+        for what, (a, b) in pairs.items():
+            if a in s and b in s and "error" not in s[a] and "error" not in s[b]:
+                ta, tb = (
+                    sum(s[x]["levels"][c]["tokens_per_s"]) / len(s[x]["levels"][c]["tokens_per_s"]) for x in (a, b)
+                )
+                out[f"{what}, {c} in flight: stand-in / reference tokens/s"] = ta / tb
+    if f"{like} alone" in s and f"{base} alone" in s:
+        a, b = (s[f"{x} alone"]["levels"]["1"]["outputs"] for x in (like, base))
+        out["greedy texts identical (one in flight)"] = (
+            f"{sum(x['token_ids'] == y['token_ids'] for x, y in zip(a, b))} of {len(a)}"
+        )
+    for name in s:
+        m = re.fullmatch(rf"{like} (\w+) (k\d+)", name)
+        if m and f"{base} {m.group(1)} {m.group(2)}" in s and "error" not in s[name]:
+            out[f"tau {m.group(1)} {m.group(2)}: stand-in / {base}"] = (
+                one_in_flight(result, name)[1] / one_in_flight(result, f"{base} {m.group(1)} {m.group(2)}")[1]
+            )
+    return out
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "slim":  # slim DRAFT_DIR OUT_DIR
         slim(Path(sys.argv[2]), Path(sys.argv[3]))
-    elif len(sys.argv) > 1 and sys.argv[1] == "analyse":  # analyse RESULT.json [CALIBRATION SERVER]
+    elif len(sys.argv) > 1 and sys.argv[1] == "analyse":  # analyse RESULT.json: the checks and the model's predictions
         res = json.loads(Path(sys.argv[2]).read_text())
         print_table(res["table"])
-        for row in predictions(res, sys.argv[3] if len(sys.argv) > 3 else None):
-            print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+        for like in res["args"]["like"]:
+            print(
+                json.dumps(
+                    {k: round(v, 4) if isinstance(v, float) else v for k, v in checks(res, like).items()}, indent=1
+                )
+            )
+        rows = predictions(res)
+        keys = [
+            "server",
+            "vLLM tau",
+            "step ms (measured)",
+            "step ms (model)",
+            "predicted",
+            "measured",
+            "error",
+            "bound by",
+            "fit",
+        ]
+        print("| " + " | ".join(keys) + " |\n|" + " --- |" * len(keys))
+        for r in rows:
+            print("| " + " | ".join(f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
     else:
         main()

@@ -3,11 +3,13 @@
 A served step at chain length k is one verifier forward over k+1 tokens, k draft steps and the engine's own work
 around them; a token served without a draft is one verifier forward over 1 token and the engine's work. So
 
-    speed-up(k) = tau(k) * (V(1) + E) / (V(k+1) + E + k * (D + E_d))
+    speed-up(k) = tau(k) * (V(1) + E) / (V(k+1) + E + k * D)
 
 with tau(k) the tokens per step (draftlab's loop), V(m) the verifier's forward over m tokens, D one draft step's
-forward, E the engine's own time per step (scheduling, sampling, attention metadata; measured as a served token of
-the verifier alone minus V(1)) and E_d its own time per draft step. A verifier whose step reads its weights from
+forward and E the engine's own time per step (attention, norms, sampling: a served token of the verifier alone less
+V(1)). A GPU engine runs its host work (scheduling, the speculative step's bookkeeping) beside the GPU's, so a step
+takes the longer of the two: where the host work per speculative step, c0 + k * c1, outlasts the GPU's (a small
+verifier), it bounds the step instead (`Costs.host_s`, measured where vLLM serves several k). A verifier whose step reads its weights from
 memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up approaches tau; where the engine's fixed
 cost or the drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict` gives every k, `best_k`
 the one this machine and verifier favour, `bound` which term limits it.
@@ -27,19 +29,25 @@ import torch
 
 @dataclass
 class Costs:
-    """Seconds per verifier forward over m tokens, per draft step, and the engine's own per step and draft step."""
+    """Seconds per verifier forward over m tokens, per draft step, the engine's own per step, and (where measured) the
+    engine's host work per speculative step, c0 + k * c1, which a GPU engine runs beside the GPU's work."""
 
     verify_s: dict[int, float]
     draft_s: float
     engine_s: float = 0.0
-    engine_draft_s: float = 0.0
+    host_s: tuple[float, float] | None = None
     how: dict = field(default_factory=dict)  # how each was measured
 
     def plain_s(self) -> float:
         return self.verify_s[1] + self.engine_s
 
+    def gpu_step_s(self, k: int) -> float:
+        return self.verify_s[k + 1] + self.engine_s + k * self.draft_s
+
     def step_s(self, k: int) -> float:
-        return self.verify_s[k + 1] + self.engine_s + k * (self.draft_s + self.engine_draft_s)
+        """The step: its device work, or the engine's host work where that takes longer (vLLM overlaps the two)."""
+        host = self.host_s[0] + k * self.host_s[1] if self.host_s else 0.0
+        return max(self.gpu_step_s(k), host)
 
 
 def predict(tau_k: dict[int, float], costs: Costs) -> list[dict]:
@@ -68,10 +76,13 @@ def best_k(rows: list[dict]) -> int | None:
 
 
 def bound(costs: Costs, k: int) -> str:
-    """Which cost a step adds to a plain token's most: verifying k more tokens, drafting k, or the engine's share."""
+    """Which cost a step adds to a plain token's most: verifying k more tokens, drafting k, the engine's fixed share,
+    or, where it outlasts the device's work, the engine's host work per speculative step."""
+    if costs.host_s and costs.host_s[0] + k * costs.host_s[1] > costs.gpu_step_s(k):
+        return "the engine's host work per step"
     terms = {
         "verifying k+1 tokens": costs.verify_s[k + 1] - costs.verify_s[1],
-        "drafting": k * (costs.draft_s + costs.engine_draft_s),
+        "drafting": k * costs.draft_s,
         "the engine's fixed cost": costs.engine_s,
     }
     return max(terms, key=terms.get)
