@@ -379,9 +379,10 @@ def host_line(result: dict, variant: str, kind: str) -> tuple[float, float]:
 
 def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3") -> list[dict]:
     """The cost model against every measured speed-up at one request in flight. Each stand-in is predicted from its
-    weight GEMMs (V, D), its own plain token (E) and the original verifier's served tau at the same k (the same function,
-    so the same text and acceptance); the engine's host line comes from the `calibrate` verifier's own speculative
-    runs, so no speculative run of a stand-in enters its prediction. The calibrating verifier's rows are a fit."""
+    weight GEMMs (V, D), its own plain token (E) and the original verifier's served tau at the same k (the same
+    function, so the same text and acceptance); the engine's host line comes from the `calibrate` verifier's own
+    speculative runs, so no speculative run of a stand-in enters its prediction. The calibrating verifier's rows are
+    a fit."""
     servers, rows = result["servers"], []
     host = host_line(result, calibrate, kind)
     for name in servers:
@@ -397,12 +398,27 @@ def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3")
         tau_from = f"{calibrate} {kind} k{k}" if f"{calibrate} {kind} k{k}" in servers else name
         pred = costs.predict({k: one_in_flight(result, tau_from)[1]}, model)[0]
         measured = plain / sec
-        rows.append({"server": name, "k": k, "vLLM tau": tau, "tau used": pred["tau"], "V(1) ms": ver[1] * 1e3,
-                     "V(k+1) ms": ver[k + 1] * 1e3, "draft ms": c["draft_s"][kind] * 1e3, "engine ms": (plain - ver[1]) * 1e3,
-                     "host ms": (host[0] + k * host[1]) * 1e3, "step ms (measured)": tau * sec * 1e3,
-                     "step ms (model)": model.step_s(k) * 1e3, "predicted": pred["predicted speed-up"], "measured": measured,
-                     "error": pred["predicted speed-up"] / measured - 1, "break-even tau": pred["break-even tau"],
-                     "bound by": pred["bound by"], "fit": v == calibrate})  # fmt: skip
+        rows.append(
+            {
+                "server": name,
+                "k": k,
+                "vLLM tau": tau,
+                "tau used": pred["tau"],
+                "V(1) ms": ver[1] * 1e3,
+                "V(k+1) ms": ver[k + 1] * 1e3,
+                "draft ms": c["draft_s"][kind] * 1e3,
+                "engine ms": (plain - ver[1]) * 1e3,
+                "host ms": (host[0] + k * host[1]) * 1e3,
+                "step ms (measured)": tau * sec * 1e3,
+                "step ms (model)": model.step_s(k) * 1e3,
+                "predicted": pred["predicted speed-up"],
+                "measured": measured,
+                "error": pred["predicted speed-up"] / measured - 1,
+                "break-even tau": pred["break-even tau"],
+                "bound by": pred["bound by"],
+                "fit": v == calibrate,
+            }
+        )
     return rows
 
 
@@ -412,8 +428,10 @@ def checks(result: dict, like: str, base: str = "original") -> dict:
     s = result["servers"]
     out = {}
     for c in ("1", "8", "32"):
-        pairs = {"plain": (f"{like} alone", f"reference {like} alone"),
-                 "k 5 verified": (f"{like} (random weights) random eagle3 k5", f"reference {like} random eagle3 k5")}  # fmt: skip
+        pairs = {
+            "plain": (f"{like} alone", f"reference {like} alone"),
+            "k 5 verified": (f"{like} (random weights) random eagle3 k5", f"reference {like} random eagle3 k5"),
+        }
         for what, (a, b) in pairs.items():
             if a in s and b in s and "error" not in s[a] and "error" not in s[b]:
                 ta, tb = (
@@ -423,7 +441,7 @@ def checks(result: dict, like: str, base: str = "original") -> dict:
     if f"{like} alone" in s and f"{base} alone" in s:
         a, b = (s[f"{x} alone"]["levels"]["1"]["outputs"] for x in (like, base))
         out["greedy texts identical (one in flight)"] = (
-            f"{sum(x['token_ids'] == y['token_ids'] for x, y in zip(a, b))} of {len(a)}"
+            f"{sum(x['token_ids'] == y['token_ids'] for x, y in zip(a, b, strict=True))} of {len(a)}"
         )
     for name in s:
         m = re.fullmatch(rf"{like} (\w+) (k\d+)", name)

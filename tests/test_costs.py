@@ -45,3 +45,15 @@ def test_speedup_over_prompts_is_paired_and_its_interval_holds_it():
         speedup.paired_over_prompts(plain, mixed[:2])
     rep = speedup.over_repeats([100.0, 110.0], [150.0, 160.0])
     assert rep["low"] == pytest.approx(150 / 110) and rep["high"] == pytest.approx(1.6) and rep["repeats"] == 2
+
+
+def test_a_step_is_the_longer_of_the_devices_work_and_the_engines_host_work():
+    v = {m: 0.0008 for m in range(1, 9)}  # a small verifier: its forward is short beside the engine's host work
+    small = costs.Costs(v, draft_s=0.00004, engine_s=0.0015, host_s=(0.0048, 0.0002))
+    assert small.step_s(1) == pytest.approx(0.005) and small.step_s(5) == pytest.approx(0.0058)
+    assert costs.bound(small, 3) == "the engine's host work per step"
+    row = costs.predict({1: 1.2}, small)[0]
+    assert row["predicted speed-up"] == pytest.approx(1.2 * 0.0023 / 0.005) and row["break-even tau"] > 2
+    big = costs.Costs({m: 0.006 for m in range(1, 9)}, draft_s=0.0003, engine_s=0.0004, host_s=(0.0048, 0.0002))
+    assert big.step_s(5) == pytest.approx(0.006 + 0.0004 + 5 * 0.0003)  # the device's work outlasts the host's
+    assert costs.bound(big, 5) == "drafting"

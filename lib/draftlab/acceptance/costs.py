@@ -1,22 +1,19 @@
 """Where a speculative step's time goes, and the speed-up each chain length k buys.
 
-A served step at chain length k is one verifier forward over k+1 tokens, k draft steps and the engine's own work
-around them; a token served without a draft is one verifier forward over 1 token and the engine's work. So
+A served step at chain length k is one verifier forward over k+1 tokens, k draft steps and the engine's own work;
+a token served without a draft is one verifier forward over 1 token and the engine's work. So
 
     speed-up(k) = tau(k) * (V(1) + E) / (V(k+1) + E + k * D)
 
 with tau(k) the tokens per step (draftlab's loop), V(m) the verifier's forward over m tokens, D one draft step's
-forward and E the engine's own time per step (attention, norms, sampling: a served token of the verifier alone less
-V(1)). A GPU engine runs its host work (scheduling, the speculative step's bookkeeping) beside the GPU's, so a step
-takes the longer of the two: where the host work per speculative step, c0 + k * c1, outlasts the GPU's (a small
-verifier), it bounds the step instead (`Costs.host_s`, measured where vLLM serves several k). A verifier whose step reads its weights from
-memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up approaches tau; where the engine's fixed
-cost or the drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict` gives every k, `best_k`
-the one this machine and verifier favour, `bound` which term limits it.
-
-V and D are measured as the engine runs them where draftlab can: on a GPU, vLLM replays CUDA graphs, so V and D are
-the weight GEMMs of every layer captured in one CUDA graph (`time_gemms`: what a decode step reads); on a CPU vLLM
-runs eager torch, so they are the eager forwards (`time_forward`).
+forward and E the engine's own time per step (attention, norms, sampling: a served plain token less V(1)). A GPU
+engine runs its host work (scheduling, the speculative step's bookkeeping) beside the GPU's, so a step takes the
+longer of the two: where the host work per speculative step, c0 + k * c1, outlasts the GPU's (a small verifier), it
+bounds the step (`Costs.host_s`, measured where vLLM serves several k). A verifier whose step reads its weights from
+memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up approaches tau; where the engine or the
+drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict` gives every k, `best_k` the best one,
+`bound` what limits it. V and D are measured as the engine runs them: on a GPU vLLM replays CUDA graphs, so they are
+the weight GEMMs of every layer in one CUDA graph (`time_gemms`); on a CPU vLLM runs eager torch (`time_forward`).
 """
 
 from __future__ import annotations
