@@ -11,8 +11,8 @@ at each k; vLLM's n-gram at --ngram-ks. --reference adds the reference model's o
 (vLLM's dummy load format) alone and with a random EAGLE-3 of its shape at k 5, beside the stand-in with a random
 draft of its own shape: the cost check (same engine, same kernels, acceptance zero on both). Writes every workload and
 a table: tokens/s, vLLM's tau, speed-up with its interval (paired bootstrap over prompts at one in flight, the range of
---repeats workloads above). `analyse RESULT.json [SERVER]` sets the cost model's predictions beside the measured
-speed-ups (the engine's per-draft-step time fitted on SERVER).
+--repeats workloads above). `analyse RESULT.json` prints the checks (the stand-in against its reference's cost, its
+greedy text and tau against the original's) and the cost model's predictions beside the measured speed-ups.
 """
 
 from __future__ import annotations
@@ -227,7 +227,6 @@ def main() -> None:
         default=[],
         help="name=hidden,intermediate,layers,heads,kv_heads,head_dim,vocab: a reference shape of one's own (tests)",
     )
-    a.add_argument("--calibrate", default=None, help="'<server name>': the per-draft-step engine time fitted there")
     a.add_argument("--out", required=True)
     args = a.parse_args()
     t0, out_path, tmp = time.time(), Path(args.out), Path(args.out).with_suffix(".work")
@@ -377,6 +376,21 @@ def host_line(result: dict, variant: str, kind: str) -> tuple[float, float]:
     return float(c0), float(c1)
 
 
+def near_ties(result: dict, like: str) -> dict:
+    """The stand-in's greedy texts judged by the original verifier here, in bf16 as it was served: every token its
+    argmax, or a near-tie (`lossless.greedy_check`, one full forward over each prompt and answer)."""
+    from draftlab.acceptance.lossless import greedy_check
+    from draftlab.data.verifier import load_verifier
+
+    v = load_verifier(result["args"]["verifier"], device="cpu", dtype="bfloat16")
+    outs = result["servers"][f"{like} alone"]["levels"]["1"]["outputs"]
+    found = [greedy_check(v, o["prompt_token_ids"], o["token_ids"], result["args"]["max_tokens"]) for o in outs]
+    return {
+        "every token the original's bf16 argmax": f"{sum(c['divergences'] == 0 for c in found)} of {len(found)}",
+        "every token its argmax or a bf16 near-tie": f"{sum(c['lossless'] for c in found)} of {len(found)}",
+    }
+
+
 def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3") -> list[dict]:
     """The cost model against every measured speed-up at one request in flight. Each stand-in is predicted from its
     weight GEMMs (V, D), its own plain token (E) and the original verifier's served tau at the same k (the same
@@ -459,11 +473,8 @@ if __name__ == "__main__":
         res = json.loads(Path(sys.argv[2]).read_text())
         print_table(res["table"])
         for like in res["args"]["like"]:
-            print(
-                json.dumps(
-                    {k: round(v, 4) if isinstance(v, float) else v for k, v in checks(res, like).items()}, indent=1
-                )
-            )
+            found = {**checks(res, like), **near_ties(res, like)}
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in found.items()}, indent=1))
         rows = predictions(res)
         keys = [
             "server",
