@@ -57,3 +57,10 @@ def test_a_step_is_the_longer_of_the_devices_work_and_the_engines_host_work():
     big = costs.Costs({m: 0.006 for m in range(1, 9)}, draft_s=0.0003, engine_s=0.0004, host_s=(0.0048, 0.0002))
     assert big.step_s(5) == pytest.approx(0.006 + 0.0004 + 5 * 0.0003)  # the device's work outlasts the host's
     assert costs.bound(big, 5) == "drafting"
+
+
+def test_a_block_drafter_pays_one_pass_a_step_whatever_k():
+    v = {m: 0.004 for m in range(1, 9)}
+    block = costs.Costs(v, draft_s=0.001, engine_s=0.0005, chain=False)
+    assert block.step_s(1) == block.step_s(7) == pytest.approx(0.0055)
+    assert costs.Costs(v, draft_s=0.001, engine_s=0.0005).step_s(7) == pytest.approx(0.0115)

@@ -33,13 +33,14 @@ class Costs:
     draft_s: float
     engine_s: float = 0.0
     host_s: tuple[float, float] | None = None
+    chain: bool = True  # k draft steps a verifier step (EAGLE-3); False: one pass drafts the block (DFlash, P-EAGLE)
     how: dict = field(default_factory=dict)  # how each was measured
 
     def plain_s(self) -> float:
         return self.verify_s[1] + self.engine_s
 
     def gpu_step_s(self, k: int) -> float:
-        return self.verify_s[k + 1] + self.engine_s + k * self.draft_s
+        return self.verify_s[k + 1] + self.engine_s + (k if self.chain else 1) * self.draft_s
 
     def step_s(self, k: int) -> float:
         """The step: its device work, or the engine's host work where that takes longer (vLLM overlaps the two)."""
@@ -79,7 +80,7 @@ def bound(costs: Costs, k: int) -> str:
         return "the engine's host work per step"
     terms = {
         "verifying k+1 tokens": costs.verify_s[k + 1] - costs.verify_s[1],
-        "drafting": k * costs.draft_s,
+        "drafting": (k if costs.chain else 1) * costs.draft_s,
         "the engine's fixed cost": costs.engine_s,
     }
     return max(terms, key=terms.get)
@@ -164,87 +165,3 @@ def time_forward(model, ms, context: int = 128, repeats: int = 5) -> dict:
             cache.crop(context)
         out[m] = float(torch.tensor(times).median())
     return out
-
-
-def draft_step_s(verifier, proposer, prompt_ids: list[int], steps: int = 24) -> float:
-    """Median seconds of one `propose` at k 1 (one draft forward over the tokens the last step kept, and its head) over
-    a short greedy decode of `prompt_ids`; the first call, which also reads the prompt, left out."""
-    from draftlab.acceptance.speculative import speculative_generate
-
-    times = []
-    inner = proposer.propose
-
-    def timed(*a, **kw):
-        t0 = time.perf_counter()
-        out = inner(*a, **kw)
-        times.append(time.perf_counter() - t0)
-        return out
-
-    proposer.propose = timed
-    try:
-        speculative_generate(verifier, proposer, prompt_ids, 1, steps, eos_id=None)
-    finally:
-        del proposer.propose  # the class's own method again
-    return float(torch.tensor(times[1:] or times).median())
-
-
-def measure(verifier, proposers: dict, prompt_ids: list[int], k_max: int) -> dict:
-    """V(m) for m = 1 .. k_max + 1 and each proposer's D, as this machine's engine runs them (the module's docstring):
-    {"verify_s", "draft_s": {name: s}, "how"}. The engine's own share comes from a served run (`engine_s`)."""
-    ms = range(1, k_max + 2)
-    if verifier.device.type == "cuda":
-        cfg = verifier.model.config.get_text_config().to_dict()
-        verify, how = (
-            time_gemms(linear_shapes(cfg), ms, verifier.device, verifier.dtype),
-            "weight GEMMs in one CUDA graph",
-        )
-    else:
-        verify, how = time_forward(verifier.model, ms, context=len(prompt_ids)), "eager forward with a KV cache"
-    drafts = {name: draft_step_s(verifier, p, prompt_ids) for name, p in proposers.items()}
-    return {
-        "verify_s": verify,
-        "draft_s": drafts,
-        "how": {"V": how, "D": "one eager propose at k 1, timed in the loop"},
-    }
-
-
-def engine_s(served_run: dict, verify_1: float) -> float | None:
-    """E: a served token of the verifier alone with one request in flight, less V(1); None where vLLM served no
-    workload one request at a time."""
-    levels = (served_run.get("runs") or {}).get("verifier alone", {}).get("levels") or []
-    one = [lv for lv in levels if lv["concurrency"] == 1]
-    return 1 / one[0]["tokens_per_s"] - verify_1 if one else None
-
-
-K_RANGE = tuple(range(1, 8))  # the chain lengths the model predicts for
-
-
-def model(
-    verifier,
-    proposers: dict,
-    drafts: dict,
-    greedy: dict,
-    tau_k: dict,
-    served_run: dict,
-    prompt_ids,
-    max_new_tokens: int,
-) -> dict:
-    """Notebook 05's cost model: each proposer's predicted speed-up at every k it has a tau for (EAGLE-3 at every k of
-    K_RANGE from one replayed pass, `replay.tau_by_k`; the others at the k the loop decoded), its best k and what
-    bounds it. E is 0 where vLLM served nothing one request at a time (said in `why`)."""
-    from draftlab.acceptance.replay import tau_by_k
-
-    taus = {n: dict(t) for n, t in tau_k.items()}
-    for kind, d in drafts.items():
-        if kind == "eagle3" and kind in greedy:
-            taus[kind] = tau_by_k(d, greedy[kind], K_RANGE, max_new_tokens)
-    parts = measure(verifier, proposers, prompt_ids, max(max(t) for t in taus.values()))
-    e = engine_s(served_run, parts["verify_s"][1])
-    rows = {n: predict(t, Costs(parts["verify_s"], parts["draft_s"][n], e or 0.0)) for n, t in taus.items()}
-    why = "vLLM served no workload one request at a time: the engine's own time is taken as 0"
-    if e is not None:
-        why = (
-            f"V(1) {parts['verify_s'][1] * 1e3:.2f} ms ({parts['how']['V']}); the engine's own {e * 1e3:.2f} ms a step"
-        )
-    best, table = {n: best_k(r) for n, r in rows.items()}, [{"proposer": n, **r} for n, rs in rows.items() for r in rs]
-    return {**parts, "engine_s": e, "tau": taus, "rows": rows, "best_k": best, "why": why, "table": table}
