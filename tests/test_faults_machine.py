@@ -29,12 +29,14 @@ def file_size_limit(n_bytes: int):
 
 
 def _trainer(seed: int = 0):
-    """A stand-in for a draft (what `checkpoint.save` reads: `.model`) with its optimizer and schedule."""
+    """A stand-in for a draft (what `checkpoint.save` and `final.write_final` read: `.model`, the verifier's path and
+    fingerprint) with its optimizer and schedule."""
     from conftest import make_model
 
     model = make_model(64, layers=1, seed=seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    return SimpleNamespace(model=model), opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    verifier = SimpleNamespace(path="stand-in", fingerprint="stand-in")
+    return SimpleNamespace(model=model, verifier=verifier), opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
 
 
 def test_a_checkpoint_past_the_file_size_limit_is_named_and_the_last_one_kept(tmp_path):
@@ -55,13 +57,13 @@ def test_a_checkpoint_past_the_file_size_limit_is_named_and_the_last_one_kept(tm
 
 
 def test_final_past_the_file_size_limit_is_named_and_keeps_the_earlier_final(tmp_path):
-    from draftlab.training import checkpoint
+    from draftlab.training import final
 
     draft, _, _ = _trainer()
-    checkpoint.write_final(tmp_path, draft)
+    final.write_final(tmp_path, draft)
     before = (tmp_path / "final" / "model.safetensors").read_bytes()
     with file_size_limit(4096), pytest.raises(DraftlabError, match=r"final.*\(the trained draft, final/\)"):
-        checkpoint.write_final(tmp_path, _trainer(seed=1)[0])
+        final.write_final(tmp_path, _trainer(seed=1)[0])
     assert (tmp_path / "final" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
 

@@ -29,12 +29,13 @@ from draftlab.layout import RunLayout, dataset_and_folder
 from draftlab.masks.packing import tokens
 from draftlab.training import checkpoint as ckpt
 from draftlab.training.data import Packs, open_eval, open_split, require_states
+from draftlab.training.final import finish
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
 from draftlab.training.loaders import loader_workers
 from draftlab.training.lock import run_lock
 from draftlab.training.online import states_for
 from draftlab.training.settings import CADENCE, SOURCE, Settings, checked, forward_options, optimizer_and_schedule
-from draftlab.training.start import kept, on_finish, read_metrics, start  # noqa: F401  (read_metrics: for notebooks)
+from draftlab.training.start import kept, read_metrics, start  # noqa: F401  (read_metrics: for notebooks)
 
 
 def run_folder(layout: RunLayout, kind: str) -> Path:
@@ -179,8 +180,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
             t0 = time.perf_counter()  # a step's time includes waiting for its pack, not the evaluation before it
     bar.close()
     if step >= s.train_steps:
-        ckpt.write_final(run_dir, draft)
-        on_finish(run_dir)  # the runs it set aside go now, not before
+        finish(run_dir, draft)  # final/ written and read back; only then do the runs it set aside go
     return run_dir
 
 
