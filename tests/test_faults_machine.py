@@ -281,3 +281,17 @@ def test_a_notebook_05_prompt_past_the_vocabulary_is_named_before_decoding(overg
     prompts = [{"id": "bench/1", "source": "chat", "ids": ids}]
     with pytest.raises(DraftlabError, match="prompts of notebook 05: record bench/1 holds token id"):
         run_prompts(overgrown, NGramProposer(), prompts, k=2, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab", 2.0, True])
+def test_speculative_generate_refuses_a_token_id_outside_the_verifiers_vocabulary_by_name(tiny, bad):
+    from draftlab.acceptance.proposers import NGramProposer
+    from draftlab.acceptance.speculative import speculative_generate
+
+    n = tiny.embed.weight.shape[0]
+    bad = n if bad == "vocab" else bad
+    says = f"record prompt_ids holds token id {bad}, but the verifier .* embeds ids 0 to {n - 1} only"
+    says = says if isinstance(bad, int) and not isinstance(bad, bool) else f"prompt_ids holds {bad!r}, not a token id"
+    with pytest.raises(DraftlabError, match=f"speculative_generate: {says}"):
+        speculative_generate(tiny, NGramProposer(), [5, 6, bad], k=2, max_new_tokens=2)
+    assert speculative_generate(tiny, NGramProposer(), [5, 6, 7], k=2, max_new_tokens=2).tokens

@@ -37,10 +37,10 @@ def read_yaml(text: str, where: str):
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
     except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
+        mark, started = e.problem_mark or e.context_mark, e.context_mark if e.problem_mark else None
         at = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        said = "; ".join(str(x) for x in (e.context, e.problem) if x)
-        raise DraftlabError(f"{where}{at}: not valid YAML ({said}). Fix it there.") from None
+        since = f" ({e.context}, from line {started.line + 1}, column {started.column + 1})" if started else ""
+        raise DraftlabError(f"{where}{at}: not valid YAML: {e.problem or e.context}{since}. Fix it there.") from None
     except yaml.YAMLError as e:
         raise DraftlabError(f"{where}: not valid YAML ({e}). Fix it there.") from None
 
