@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -85,8 +86,8 @@ def test_a_server_that_never_answers_shows_its_wait_and_names_the_setting_to_rai
     with pytest.raises(DraftlabError) as err:
         s.start()
     msg = str(err.value)
-    assert msg.startswith(
-        "vLLM did not answer /health within 2 s. If it is only slow, set DRAFTLAB_VLLM_STARTUP_TIMEOUT"
+    assert msg.startswith(  # the log named on the first line: what notebook 05's table keeps of an error
+        f"vLLM did not answer /health within 2 s (its log: {log}). If it is only slow, set DRAFTLAB_VLLM_STARTUP_TIM"
     )
     assert f"last lines of {log}:\nINFO still loading" in msg
     out = capsys.readouterr().out
@@ -220,12 +221,14 @@ def test_serve_starts_vllm_for_a_sound_draft_on_a_free_port(serve_dir, draft_dir
     args = tmp_path / "args"
     fake_vllm(_script(tmp_path / "vllm", f'[ "$1" = "--version" ] && echo 0.32.0+cpu && exit 0\necho "$@" > {args}\n'))
     port, before = free_port(), signal.getsignal(signal.SIGTERM)
-    try:
-        assert main(["serve", "--draft", str(draft_dir), "--verifier", str(serve_dir), "--port", str(port)]) == 0
+    try:  # the fake ends at once, with code 0: a server that stops on its own is a failure, said with its log
+        assert main(["serve", "--draft", str(draft_dir), "--verifier", str(serve_dir), "--port", str(port)]) == 1
     finally:
         signal.signal(signal.SIGTERM, before)  # `draftlab serve` makes SIGTERM stop it as Ctrl-C does
     got = args.read_text()
     assert got.startswith(f"serve {serve_dir} --host 127.0.0.1 --port {port} ") and "--speculative-config" in got
+    err = capsys.readouterr().err
+    assert f"died while starting: its API process exited with code 0. Its log is {tempfile.gettempdir()}/draft" in err
 
 
 def test_a_non_version_answer_an_older_draftlab_kept_is_not_taken_as_vllm(tmp_path, fake_vllm):
@@ -237,3 +240,37 @@ def test_a_non_version_answer_an_older_draftlab_kept_is_not_taken_as_vllm(tmp_pa
     assert command.unavailable().startswith(
         f"`{exe} --version` did not answer like `vllm --version` (exit code 0, but it printed 'Python 3.12.3'"
     )
+
+
+# 6. every question to the vLLM executable bounded, and named as a server's start is
+
+
+def test_every_question_to_the_vllm_environment_is_bounded_and_names_the_setting(tmp_path, fake_vllm, monkeypatch):
+    import time
+
+    from draftlab.data import extract_vllm
+
+    monkeypatch.setenv("DRAFTLAB_VLLM_PROBE_TIMEOUT", "1")
+    hangs = 'echo "INFO importing torch"\nsleep 60 &\nwait\n'  # a child of its own keeps the pipes open too
+    fake_vllm(_script(tmp_path / "vllm", hangs))
+    t0 = time.monotonic()
+    why = command.unavailable()
+    assert time.monotonic() - t0 < 15, "bounded: the child holding its pipes is ended too"
+    assert why.startswith(f"`{tmp_path / 'vllm'} --version` (its version) did not answer in 1 s, its last line ")
+    assert "'INFO importing torch'. If it is only slow, set DRAFTLAB_VLLM_PROBE_TIMEOUT to more seconds" in why
+    assert not (tmp_path / "data" / "cache" / "vllm-version.json").exists(), "a timeout is not kept"
+    bin_ = tmp_path / "env" / "bin"
+    bin_.mkdir(parents=True)
+    fake_vllm(_script(bin_ / "vllm", f'[ "$1" = "--version" ] && echo 0.32.0+cpu && exit 0\n{hangs}'))
+    _script(bin_ / "python", hangs)  # the extraction probe asks the environment's python
+    with pytest.raises(DraftlabError, match=r"serve --help=all` \(the flags its `vllm serve` takes\) did not answer"):
+        command.supported_flags()
+    extract_vllm._probe.cache_clear()
+    with pytest.raises(
+        DraftlabError, match=r"python -c <script>` \(whether its hidden-states connector runs here\) did not"
+    ):
+        extract_vllm.connector_problem()
+    extract_vllm._probe.cache_clear()
+    monkeypatch.setenv("DRAFTLAB_VLLM_PROBE_TIMEOUT", "soon")
+    with pytest.raises(DraftlabError, match=r"DRAFTLAB_VLLM_PROBE_TIMEOUT='soon': give the seconds `vllm` may take"):
+        command.supported_flags()

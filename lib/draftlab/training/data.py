@@ -119,10 +119,10 @@ def read_rows(ds, indices, requests: int = 1) -> list:
 class Packs:
     """Packs of one split in speculators' order: `indices(step)` for training, `all()` for eval."""
 
-    def __init__(self, draft, ds, pack_len: int, seed: int, requests: int = 1):
+    def __init__(self, draft, ds, pack_len: int, seed: int, requests: int = 1, online=None):
         from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
-        self.ds, self.seed, self.requests = ds, seed, requests
+        self.ds, self.seed, self.requests, self.online = ds, seed, requests, online
         self.length, self.why = pack_length(pack_len, draft.kind, draft.attention)
         self.sampler = MultipackDistributedBatchSamplerV2(
             self.length, ds.approx_lengths, num_replicas=1, rank=0, seed=seed
@@ -151,8 +151,21 @@ class Packs:
         return epoch, step
 
     def batch(self, indices) -> dict:
+        """One pack, collated; refused where a row has no hidden states (speculators gives up on a row after its
+        retries, or finds its stored states made for other tokens) rather than trained or evaluated on without it."""
+        from speculators.train.recovery import SampleUnavailable
+
         hidden, n_layers, dtype, shift = self.shape
-        return collate(read_rows(self.ds, indices, self.requests), self.length, hidden, n_layers, dtype, shift)
+        if self.online is not None:
+            self.online.check()
+        rows = read_rows(self.ds, indices, self.requests)
+        missing = [r for r in rows if isinstance(r, SampleUnavailable)]
+        if missing:
+            raise DraftlabError(
+                f"{len(missing)} of the {len(rows)} rows of a pack have no hidden states ({missing[0].reason[:400]}): "
+                "no step is taken on such a pack."
+            )
+        return collate(rows, self.length, hidden, n_layers, dtype, shift)
 
     def at(self, step: int) -> tuple[dict, tuple[int, int]]:
         epoch, k = self.position(step)
