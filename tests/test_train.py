@@ -704,7 +704,19 @@ def test_compare_reads_both_trainers_checkpoints_on_the_same_packs(tiny, data, s
 # The core (top-level modules, as tests/test_project.py's) and the stages before training (01 data, 02 masks,
 # 03 drafts: the draft's own forward, recipe and masks) and the vLLM engine (online): a stage uses only stages before
 # it and the core (issue 32), never 05's acceptance.
-CORE = ("__init__", "config", "devices", "families", "figures", "files", "layout", "progress", "run", "writes")
+CORE = (
+    "__init__",
+    "config",
+    "devices",
+    "families",
+    "figures",
+    "files",
+    "layout",
+    "profile",
+    "progress",
+    "run",
+    "writes",
+)
 EARLIER = ("data", "masks", "drafts", "serving")
 HOME = ("draftlab/training/", *(f"draftlab/{m}.py" for m in CORE), *(f"draftlab/{m}/" for m in EARLIER))
 
