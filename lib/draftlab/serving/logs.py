@@ -87,21 +87,31 @@ def exited(code: int) -> str:
     return f"was killed by {name}" + (" (the out-of-memory killer's signal: see `dmesg`)" if -code == 9 else "")
 
 
-def died(proc, url: str, settle_s: float = 10.0) -> str | None:
-    """Why a server that answered is gone, or None while it answers: its API process ended, or its `/health` says
-    the engine is dead (503). A server that no longer accepts connections but whose process runs is given
-    `settle_s` to end (vLLM shuts its API down when its engine dies), then named as such."""
+def died(proc, url: str, log_path=None, settle_s: float = 10.0) -> str | None:
+    """Why a server that answered is gone, or None while it answers: its API process ended (after its engine, where
+    the log says so: vLLM then shuts its API down, with code 0), or its `/health` says the engine is dead (503). A
+    server that no longer accepts connections but whose process runs is given `settle_s` to end, then named so."""
     deadline = time.monotonic() + settle_s
     while True:
         code = proc.poll() if proc is not None else None
         if code is not None:
-            return f"its API process (pid {proc.pid}) {exited(code)}"
+            return gone(code, proc.pid, log_path)
         status = health(url)
         if status == 503:
-            return "vLLM answers /health with 503: its engine process is dead"
+            return gone(None, proc.pid, log_path)
         if status is not None or time.monotonic() > deadline:
             return None if status is not None else f"its API process (pid {proc.pid}) no longer accepts connections"
         time.sleep(0.5)
+
+
+def gone(code: int | None, pid: int, log_path=None) -> str:
+    """Why a server is gone, in words: its API process's end (`code`; after its engine's, where its log has vLLM's
+    EngineDeadError: vLLM then shuts its API down, with code 0), or, `code` None, its /health answering 503."""
+    if code is None:
+        return "vLLM answers /health with 503: its engine process is dead"
+    engine = log_path is not None and any("EngineDeadError" in ln for ln in lines(log_path))
+    first = "its engine process died (EngineDeadError in its log), then " if engine else ""
+    return f"{first}its API process (pid {pid}) {exited(code)}"
 
 
 def death(what: str, why: str, doing: str, log_path) -> str:

@@ -165,12 +165,13 @@ def serve_forever(
     copy = threading.Thread(target=_tee, args=(proc.stdout, log_path), daemon=True)
     copy.start()
     try:
-        why, answered = _until_it_stops(proc, f"http://127.0.0.1:{port}")
+        code, answered = _until_it_stops(proc, f"http://127.0.0.1:{port}")
     except KeyboardInterrupt:
         return 130
     finally:
         stop_group(proc)
         copy.join(timeout=10)
+    why = logs.gone(code, proc.pid, log_path)
     what = f"the vLLM server of draft {draft_dir} (port {port})"
     raise logs.ServerDied(logs.death(what, why, "serving" if answered else "starting", log_path))
 
@@ -187,18 +188,18 @@ def _tee(stream, log_path: Path) -> None:
             log.flush()
 
 
-def _until_it_stops(proc: subprocess.Popen, url: str) -> tuple[str, bool]:
-    """(why the server stopped on its own, whether it had answered /health): its process exited, or vLLM says its
-    engine is dead (503; vLLM then shuts its API down too, but not always at once)."""
-    from draftlab.serving.logs import exited, health
+def _until_it_stops(proc: subprocess.Popen, url: str) -> tuple[int | None, bool]:
+    """(the server's exit code, None where vLLM says its engine is dead (/health 503: it then shuts its API down
+    too, not always at once); whether it had answered /health), once it stops on its own."""
+    from draftlab.serving.logs import health
 
     answered = False
     while True:
         code = proc.poll()
         if code is not None:
-            return f"its API process {exited(code)}", answered
+            return code, answered
         status = health(url)
         if status == 503:
-            return "vLLM answers /health with 503: its engine process is dead", answered
+            return None, answered
         answered = answered or status == 200
         time.sleep(2)

@@ -184,7 +184,7 @@ class Server:
 
     def died(self) -> str | None:
         """Why this server, which was answering, is gone (`logs.died`), or None while it answers."""
-        return logs.died(self.proc, self.url) if self.proc is not None else None
+        return logs.died(self.proc, self.url, self.log_path) if self.proc is not None else None
 
     def death(self, why: str, doing: str) -> ServerDied:
         return ServerDied(logs.death(self.what, why, doing, self.log_path))
