@@ -276,3 +276,40 @@ def test_every_question_to_the_vllm_environment_is_bounded_and_names_the_setting
     monkeypatch.setenv("DRAFTLAB_VLLM_PROBE_TIMEOUT", "soon")
     with pytest.raises(DraftlabError, match=r"DRAFTLAB_VLLM_PROBE_TIMEOUT='soon': give the seconds `vllm` may take"):
         command.supported_flags()
+
+
+def test_a_drafts_server_that_dies_in_notebook_05_is_its_error_whole_and_a_warning_the_others_go_on(
+    serve_verifier, draft_dir, tmp_path, fake_vllm, monkeypatch
+):
+    """The branch for a draft's server that died (tests/test_faults_vllm.py kills a real one: the verifier alone's):
+    fake servers that answer /health, the workload replaced."""
+    from draftlab.acceptance import served
+    from draftlab.serving.logs import ServerDied
+
+    health = (
+        "import sys, http.server as h\n"
+        "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+        "class H(h.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self): self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        "h.HTTPServer(('127.0.0.1', port), H).serve_forever()\n"
+    )
+    (tmp_path / "health.py").write_text(health)
+    body = '[ "$1" = "--version" ] && echo 0.32.0+cpu && exit 0\n[ "$2" = "--help=all" ] && exit 0\n'
+    fake_vllm(_script(tmp_path / "vllm", body + f'exec {sys.executable} {tmp_path / "health.py"} "$@"\n'))
+
+    def workload(server, *a):
+        if server.draft_dir is not None:
+            raise server.death("its API process (pid 1) was killed by SIGKILL", "answering /v1/chat/completions")
+        return {"outputs": []}
+
+    monkeypatch.setattr(served, "serve_levels", workload)
+    monkeypatch.setattr(Server, "tokenize", lambda self, chat: [])
+    prompts = [{"id": "p0", "source": "chat", "text": "hi", "ids": [5, 6]}]
+    with pytest.warns(served.ServedDiedWarning, match=r"the vLLM server of draft .* died while answering"):
+        got = served.measure(serve_verifier, {"eagle3": draft_dir}, prompts, 3, 8, tmp_path, (1,))
+    error = got["runs"]["eagle3"]["error"]
+    assert got["available"] and "verifier alone" in got["runs"]
+    assert error.startswith(f"the vLLM server of draft {draft_dir} (port ") and "killed by SIGKILL" in error
+    assert f"Its log is {tmp_path / 'vllm-eagle3.log'}" in error and "last error lines of" in error, "kept whole"
+    assert ServerDied.__mro__[1] is DraftlabError

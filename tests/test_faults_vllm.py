@@ -90,24 +90,30 @@ def test_stage_01s_answers_stop_naming_the_server_when_its_engine_is_killed(serv
     assert engine.server is None or group_members(engine.server.proc.pid) == []
 
 
-def test_stage_05s_verifier_alone_dying_is_said_as_such_not_as_a_verifier_vllm_cannot_serve(serve_verifier, tmp_path):
-    from draftlab.acceptance import served, together
+def test_stage_05s_verifier_alone_dying_is_said_as_such_not_as_a_verifier_vllm_cannot_serve(
+    serve_verifier, tmp_path, monkeypatch
+):
+    from draftlab.acceptance import served
     from draftlab.data.generate import _chat_ids
 
     rows = [{"id": f"p{i}", "source": "chat", "text": f"say {i} twice"} for i in range(4)]
     prompts = [{**r, "ids": _chat_ids(serve_verifier.tokenizer, r)} for r in rows]
-    launched = together.launch(serve_verifier, {}, prompts, 3, 16, tmp_path)
-    alone = launched.servers["verifier alone"]
-    killer = kill_when(alone.healthy, "api", lambda: alone.proc.pid)
+    real, killed = served.serve_levels, []
+
+    def killed_first(server, *a):  # its API process killed as its workload starts: every request meets it dead
+        os.kill(server.proc.pid, signal.SIGKILL)
+        killed.append(server)
+        return real(server, *a)
+
+    monkeypatch.setattr(served, "serve_levels", killed_first)
     with pytest.raises(ServerDied) as err:
-        served.measure(serve_verifier, {}, prompts, 3, 16, tmp_path, (1,), launched)
-    killer.join()
+        served.measure(serve_verifier, {}, prompts, 3, 16, tmp_path, (1,))
     msg = str(err.value)
     assert "could not serve the verifier" not in msg
-    assert msg.startswith("the vLLM server of the verifier alone (port ") and "died while answering /v1/" in msg, msg
-    assert "its API process (pid" in msg and "was killed by SIGKILL" in msg
+    assert msg.startswith("the vLLM server of the verifier alone (port ") and "died while answering /v1/chat/" in msg
+    assert "its API process (pid" in msg and "was killed by SIGKILL" in msg, msg
     assert f"Its log is {tmp_path / 'vllm-verifier.log'}" in msg and "last error lines of" in msg
-    assert group_members(alone.proc.pid) == []
+    assert group_members(killed[0].proc.pid) == [], "every server stopped"
 
 
 def test_online_training_stops_when_its_extraction_engine_dies_and_resumes_from_the_last_checkpoint(

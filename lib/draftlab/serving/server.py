@@ -138,14 +138,14 @@ class Server:
         desc = f"vLLM starting on port {self.port} (its log: {self.log_path})"
         with progress_bar(total=round(self.startup_timeout), desc=desc, unit="s", bar_format=BAR) as bar:
             while time.monotonic() < deadline:
+                if self._ready_at is not None:  # it answered /health (`_watch_ready`): a death after is while serving
+                    return
                 code = self.proc.poll()
                 if code is not None:
                     raise DraftlabError(
                         f"vLLM exited with code {code} before serving (its log: {self.log_path}): {self.cause()}\n"
                         f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
                     )
-                if self._ready_at is not None:  # `_watch_ready` polls /health from the launch on
-                    return
                 time.sleep(1.0)
                 bar.update(round(self.startup_timeout - max(deadline - time.monotonic(), 0)) - bar.n)
         raise DraftlabError(
