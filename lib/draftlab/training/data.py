@@ -105,13 +105,23 @@ def read_rows(ds, indices, requests: int = 1) -> list:
     """The rows of one pack, in order. Online each row is a request to vLLM that waits for its states; asked one
     at a time, each reader keeps one request in flight and the server idles between them (BENCHMARKS.md, "Online
     hidden states"), so up to `requests` rows of a pack are asked at once from threads (vLLM batches what is in
-    flight). The first row is read alone: it sets up speculators' client."""
+    flight). The first row is read alone: it sets up speculators' client. A row speculators gave up on ends the read
+    (`Packs.batch` refuses the pack): each other row would wait out the same retries."""
     from concurrent.futures import ThreadPoolExecutor
 
     idx = [int(i) for i in indices]
-    if requests < 2 or len(idx) < 2 or getattr(ds, "on_missing", None) != "generate":
-        return [ds[i] for i in idx]
+    if not idx:
+        return []
     first = ds[idx[0]]
+    if not isinstance(first, dict):  # speculators gave up on it (its retries spent): the others would wait as long
+        return [first]
+    if requests < 2 or len(idx) < 2 or getattr(ds, "on_missing", None) != "generate":
+        rows = [first]
+        for i in idx[1:]:
+            rows.append(ds[i])
+            if not isinstance(rows[-1], dict):
+                break
+        return rows
     with ThreadPoolExecutor(min(requests, len(idx) - 1)) as pool:
         return [first, *pool.map(ds.__getitem__, idx[1:])]
 
@@ -162,8 +172,8 @@ class Packs:
         missing = [r for r in rows if isinstance(r, SampleUnavailable)]
         if missing:
             raise DraftlabError(
-                f"{len(missing)} of the {len(rows)} rows of a pack have no hidden states ({missing[0].reason[:400]}): "
-                "no step is taken on such a pack."
+                f"a pack of {len(indices)} rows has {'a row' if len(missing) == 1 else f'{len(missing)} rows'} "
+                f"without hidden states ({missing[0].reason[:400]}): no step is taken on such a pack."
             )
         return collate(rows, self.length, hidden, n_layers, dtype, shift)
 
