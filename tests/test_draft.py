@@ -311,3 +311,69 @@ def test_a_bf16_saved_draft_loads_on_its_fp32_verifier_and_another_verifier_is_n
         r"the draft was made for another verifier .*Load the verifier it was trained for",
     ):
         load_draft(tmp_path / "bf16", other)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_attention_changed_after_build_is_refused_naming_how_to_choose_it(tiny, data_dir, kind):
+    """speculators fixes a draft's mask for the attention it was built with: set to eager after, sdpa's boolean mask
+    was added as 0/1 (another loss than a draft built eager); set to flex on CPU, no backward."""
+    from speculators.models.eagle3.data import shift_batch
+    from speculators.train.data import ArrowDataset, CollateFn
+
+    ads = ArrowDataset(max_len=128, datapath=data_dir, on_missing="raise", hidden_states_dtype=tiny.dtype)
+    pre = shift_batch if kind == "eagle3" else None
+    batch = CollateFn(128, tiny.hidden_size, 3, tiny.dtype, preprocess=pre)([ads[i] for i in range(len(ads))])
+    shape = {} if kind == "eagle3" else {"num_layers": 1, "block_size": 4}
+    losses = {}
+    for built in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        d = build_draft(kind, tiny, data_dir, attention=built, **shape)
+        torch.manual_seed(1)
+        losses[built] = d.forward(batch)[1].item()
+    assert losses["eager"] == pytest.approx(losses["sdpa"], abs=1e-6), "built either way: the same loss"
+    torch.manual_seed(0)
+    d = build_draft(kind, tiny, data_dir, attention="sdpa", **shape)
+    for now, says in (("eager", "now run eager"), (FLEX, r"now run flex: .*flex has no backward on CPU .* pick sdpa")):
+        d.model.config.transformer_layer_config._attn_implementation = now
+        with pytest.raises(DraftlabError, match=rf"built with sdpa attention, and its layers {says}"):
+            d.forward(batch)
+        with pytest.raises(
+            DraftlabError, match=r"choose attention when the draft is built: build_draft\(\.\.\., attenti"
+        ):
+            d.forward(batch)
+    with pytest.raises(DraftlabError, match=r"attention='flex' on cpu: torch's flex attention has no backward on CPU"):
+        build_draft(kind, tiny, data_dir, attention="flex", **shape)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_a_draft_whose_verifier_moved_loads_with_the_verifier_handed_in_and_a_stand_in_is_named(
+    tiny_dir, tmp_path, kind
+):
+    """speculators reads the frozen tensors from the verifier path a draft's config names: gone, it failed with a hub
+    error; replaced by a model of the same shape, the draft was judged "made for another verifier"."""
+    import shutil
+
+    from draftlab.acceptance.proposers import load_draft
+    from draftlab.data.verifier import load_verifier
+    from draftlab.training.final import STAMP, write_final
+
+    from conftest import make_model, make_tokenizer
+
+    shutil.copytree(tiny_dir, tmp_path / "v")
+    shape = {} if kind == "eagle3" else {"num_layers": 1, "block_size": 4}
+    d = build_draft(kind, load_verifier(tmp_path / "v", **KW), None, **shape)
+    final = write_final(tmp_path / "run", d)
+    (tmp_path / "v").rename(tmp_path / "moved")
+    loaded = load_draft(final, load_verifier(tmp_path / "moved", **KW))
+    assert torch.equal(loaded.model.fc.weight, d.model.fc.weight)
+    assert loaded.model.trained_for == str(tmp_path / "v"), "the path its config names, kept for the checks' words"
+    tok = make_tokenizer()
+    make_model(len(tok), seed=1).save_pretrained(tmp_path / "v")  # a stand-in of the same shape where it was
+    tok.save_pretrained(tmp_path / "v")
+    other = load_verifier(tmp_path / "v", **KW)
+    with pytest.raises(DraftlabError, match=r"was at this very path, but the model there now is another one of the sa"):
+        load_draft(final, other)
+    (final / STAMP).unlink()  # unstamped (a speculators save): EAGLE-3's saved frozen tensors tell
+    if kind == "eagle3":
+        with pytest.raises(DraftlabError, match=r"config names this very path as the verifier it was trained for, but"):
+            load_draft(final, other)

@@ -111,7 +111,7 @@ def test_a_reload_restores_the_refiners_causal_mask_and_gives_identical_outputs(
 
     from draftlab.training.checkpoint import check_reload, load_model
 
-    model = load_model(trained.final, XPressDraftModel, "sdpa", "cpu", torch.float32)
+    model = load_model(trained.final, XPressDraftModel, "sdpa", "cpu", torch.float32, tiny.path)
     tril = model.refiner_head.causal_tril
     assert torch.equal(tril, torch.tril(torch.ones(BLOCK, BLOCK)))
     r = check_reload(trained.draft, trained.final, data, Settings(**S))

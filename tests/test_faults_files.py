@@ -68,6 +68,10 @@ def test_a_cut_or_edited_prompt_set_is_named_with_its_line(tiny, tmp_path):
         path.write_bytes(data)
         with pytest.raises(DraftlabError, match=f"prompts.jsonl, line 2, cannot be read: it {says}.*notebook 01"):
             load_spec_prompts(path, tiny.tokenizer)
+    for empty in (b"", b"\n\n"):
+        path.write_bytes(empty)
+        with pytest.raises(DraftlabError, match=r"prompts.jsonl is empty: it holds no prompts at all .*notebook 01"):
+            load_spec_prompts(path, tiny.tokenizer)
 
 
 def test_responses_a_line_without_settings_is_named_a_cut_last_line_is_redone(tmp_path):

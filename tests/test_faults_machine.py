@@ -29,12 +29,14 @@ def file_size_limit(n_bytes: int):
 
 
 def _trainer(seed: int = 0):
-    """A stand-in for a draft (what `checkpoint.save` reads: `.model`) with its optimizer and schedule."""
+    """A stand-in for a draft (what `checkpoint.save` and `final.write_final` read: `.model`, the verifier's path and
+    fingerprint) with its optimizer and schedule."""
     from conftest import make_model
 
     model = make_model(64, layers=1, seed=seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    return SimpleNamespace(model=model), opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    verifier = SimpleNamespace(path="stand-in", fingerprint="stand-in")
+    return SimpleNamespace(model=model, verifier=verifier), opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
 
 
 def test_a_checkpoint_past_the_file_size_limit_is_named_and_the_last_one_kept(tmp_path):
@@ -55,13 +57,13 @@ def test_a_checkpoint_past_the_file_size_limit_is_named_and_the_last_one_kept(tm
 
 
 def test_final_past_the_file_size_limit_is_named_and_keeps_the_earlier_final(tmp_path):
-    from draftlab.training import checkpoint
+    from draftlab.training import final
 
     draft, _, _ = _trainer()
-    checkpoint.write_final(tmp_path, draft)
+    final.write_final(tmp_path, draft)
     before = (tmp_path / "final" / "model.safetensors").read_bytes()
     with file_size_limit(4096), pytest.raises(DraftlabError, match=r"final.*\(the trained draft, final/\)"):
-        checkpoint.write_final(tmp_path, _trainer(seed=1)[0])
+        final.write_final(tmp_path, _trainer(seed=1)[0])
     assert (tmp_path / "final" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
 
@@ -279,3 +281,17 @@ def test_a_notebook_05_prompt_past_the_vocabulary_is_named_before_decoding(overg
     prompts = [{"id": "bench/1", "source": "chat", "ids": ids}]
     with pytest.raises(DraftlabError, match="prompts of notebook 05: record bench/1 holds token id"):
         run_prompts(overgrown, NGramProposer(), prompts, k=2, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab", 2.0, True])
+def test_speculative_generate_refuses_a_token_id_outside_the_verifiers_vocabulary_by_name(tiny, bad):
+    from draftlab.acceptance.proposers import NGramProposer
+    from draftlab.acceptance.speculative import speculative_generate
+
+    n = tiny.embed.weight.shape[0]
+    bad = n if bad == "vocab" else bad
+    says = f"record prompt_ids holds token id {bad}, but the verifier .* embeds ids 0 to {n - 1} only"
+    says = says if isinstance(bad, int) and not isinstance(bad, bool) else f"prompt_ids holds {bad!r}, not a token id"
+    with pytest.raises(DraftlabError, match=f"speculative_generate: {says}"):
+        speculative_generate(tiny, NGramProposer(), [5, 6, bad], k=2, max_new_tokens=2)
+    assert speculative_generate(tiny, NGramProposer(), [5, 6, 7], k=2, max_new_tokens=2).tokens

@@ -38,7 +38,7 @@ def test_a_set_key_no_stage_of_the_run_reads_is_refused_before_any_notebook(home
         err = capsys.readouterr().err
         assert f"--set {key}={value}: only stage 01 reads {key}, and this run runs stage 04" in err, err
         assert "--only 01,04" in err
-    from draftlab.run import refuse_unread
+    from draftlab.profile import refuse_unread
 
     with pytest.raises(DraftlabError, match=r"only stage 02/04 reads pack_len.*runs stage 05.*--only 04,05"):
         refuse_unread({"pack_len": 256}, ["05"])

@@ -5,11 +5,13 @@ use, and a $DRAFTLAB_VLLM that is not vLLM. None of these tests starts a real vL
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -85,8 +87,8 @@ def test_a_server_that_never_answers_shows_its_wait_and_names_the_setting_to_rai
     with pytest.raises(DraftlabError) as err:
         s.start()
     msg = str(err.value)
-    assert msg.startswith(
-        "vLLM did not answer /health within 2 s. If it is only slow, set DRAFTLAB_VLLM_STARTUP_TIMEOUT"
+    assert msg.startswith(  # the log named on the first line: what notebook 05's table keeps of an error
+        f"vLLM did not answer /health within 2 s (its log: {log}). If it is only slow, set DRAFTLAB_VLLM_STARTUP_TIM"
     )
     assert f"last lines of {log}:\nINFO still loading" in msg
     out = capsys.readouterr().out
@@ -220,12 +222,15 @@ def test_serve_starts_vllm_for_a_sound_draft_on_a_free_port(serve_dir, draft_dir
     args = tmp_path / "args"
     fake_vllm(_script(tmp_path / "vllm", f'[ "$1" = "--version" ] && echo 0.32.0+cpu && exit 0\necho "$@" > {args}\n'))
     port, before = free_port(), signal.getsignal(signal.SIGTERM)
-    try:
-        assert main(["serve", "--draft", str(draft_dir), "--verifier", str(serve_dir), "--port", str(port)]) == 0
+    try:  # the fake ends at once, with code 0: a server that stops on its own is a failure, said with its log
+        assert main(["serve", "--draft", str(draft_dir), "--verifier", str(serve_dir), "--port", str(port)]) == 1
     finally:
         signal.signal(signal.SIGTERM, before)  # `draftlab serve` makes SIGTERM stop it as Ctrl-C does
     got = args.read_text()
     assert got.startswith(f"serve {serve_dir} --host 127.0.0.1 --port {port} ") and "--speculative-config" in got
+    err = capsys.readouterr().err
+    said = rf"died while starting: its API process \(pid \d+\) exited with code 0\. Its log is {tempfile.gettempdir()}/"
+    assert re.search(said + "draftlab-serve-", err), err[-2000:]
 
 
 def test_a_non_version_answer_an_older_draftlab_kept_is_not_taken_as_vllm(tmp_path, fake_vllm):
@@ -237,3 +242,74 @@ def test_a_non_version_answer_an_older_draftlab_kept_is_not_taken_as_vllm(tmp_pa
     assert command.unavailable().startswith(
         f"`{exe} --version` did not answer like `vllm --version` (exit code 0, but it printed 'Python 3.12.3'"
     )
+
+
+# 6. every question to the vLLM executable bounded, and named as a server's start is
+
+
+def test_every_question_to_the_vllm_environment_is_bounded_and_names_the_setting(tmp_path, fake_vllm, monkeypatch):
+    import time
+
+    from draftlab.data import extract_vllm
+
+    monkeypatch.setenv("DRAFTLAB_VLLM_PROBE_TIMEOUT", "1")
+    hangs = 'echo "INFO importing torch"\nsleep 60 &\nwait\n'  # a child of its own keeps the pipes open too
+    fake_vllm(_script(tmp_path / "vllm", hangs))
+    t0 = time.monotonic()
+    why = command.unavailable()
+    assert time.monotonic() - t0 < 15, "bounded: the child holding its pipes is ended too"
+    assert why.startswith(f"`{tmp_path / 'vllm'} --version` (its version) did not answer in 1 s, its last line ")
+    assert "'INFO importing torch'. If it is only slow, set DRAFTLAB_VLLM_PROBE_TIMEOUT to more seconds" in why
+    assert not (tmp_path / "data" / "cache" / "vllm-version.json").exists(), "a timeout is not kept"
+    bin_ = tmp_path / "env" / "bin"
+    bin_.mkdir(parents=True)
+    fake_vllm(_script(bin_ / "vllm", f'[ "$1" = "--version" ] && echo 0.32.0+cpu && exit 0\n{hangs}'))
+    _script(bin_ / "python", hangs)  # the extraction probe asks the environment's python
+    with pytest.raises(DraftlabError, match=r"serve --help=all` \(the flags its `vllm serve` takes\) did not answer"):
+        command.supported_flags()
+    extract_vllm._probe.cache_clear()
+    with pytest.raises(
+        DraftlabError, match=r"python -c <script>` \(whether its hidden-states connector runs here\) did not"
+    ):
+        extract_vllm.connector_problem()
+    extract_vllm._probe.cache_clear()
+    monkeypatch.setenv("DRAFTLAB_VLLM_PROBE_TIMEOUT", "soon")
+    with pytest.raises(DraftlabError, match=r"DRAFTLAB_VLLM_PROBE_TIMEOUT='soon': give the seconds `vllm` may take"):
+        command.supported_flags()
+
+
+def test_a_drafts_server_that_dies_in_notebook_05_is_its_error_whole_and_a_warning_the_others_go_on(
+    serve_verifier, draft_dir, tmp_path, fake_vllm, monkeypatch
+):
+    """The branch for a draft's server that died (tests/test_faults_vllm.py kills a real one: the verifier alone's):
+    fake servers that answer /health, the workload replaced."""
+    from draftlab.acceptance import served
+    from draftlab.serving.logs import ServerDied
+
+    health = (
+        "import sys, http.server as h\n"
+        "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+        "class H(h.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self): self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        "h.HTTPServer(('127.0.0.1', port), H).serve_forever()\n"
+    )
+    (tmp_path / "health.py").write_text(health)
+    body = '[ "$1" = "--version" ] && echo 0.32.0+cpu && exit 0\n[ "$2" = "--help=all" ] && exit 0\n'
+    fake_vllm(_script(tmp_path / "vllm", body + f'exec {sys.executable} {tmp_path / "health.py"} "$@"\n'))
+
+    def workload(server, *a):
+        if server.draft_dir is not None:
+            raise server.death("its API process (pid 1) was killed by SIGKILL", "answering /v1/chat/completions")
+        return {"outputs": []}
+
+    monkeypatch.setattr(served, "serve_levels", workload)
+    monkeypatch.setattr(Server, "tokenize", lambda self, chat: [])
+    prompts = [{"id": "p0", "source": "chat", "text": "hi", "ids": [5, 6]}]
+    with pytest.warns(served.ServedDiedWarning, match=r"the vLLM server of draft .* died while answering"):
+        got = served.measure(serve_verifier, {"eagle3": draft_dir}, prompts, 3, 8, tmp_path, (1,))
+    error = got["runs"]["eagle3"]["error"]
+    assert got["available"] and "verifier alone" in got["runs"]
+    assert error.startswith(f"the vLLM server of draft {draft_dir} (port ") and "killed by SIGKILL" in error
+    assert f"Its log is {tmp_path / 'vllm-eagle3.log'}" in error and "last error lines of" in error, "kept whole"
+    assert ServerDied.__mro__[1] is DraftlabError

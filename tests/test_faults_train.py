@@ -168,3 +168,52 @@ def test_torchrun_command_refuses_what_train_refuses_and_a_file_as_save_path(tin
         torchrun_command(d, data, s, nproc=1, save_path=tmp_path / "file")
     with pytest.raises(DraftlabError, match=r"train_steps=2.5: must be at least 1, a whole number"):
         Settings(**{**S, "train_steps": 2.5})
+
+
+@pytest.mark.parametrize("obstacle", ["file", "link"])
+def test_a_final_that_cannot_be_written_fails_naming_the_path_and_keeps_the_earlier_run(
+    tiny, data, tmp_path, obstacle, capsys
+):
+    """Something at final/'s temporary name: transformers' save_pretrained only logs "should be a directory, not a
+    file" and returns, which once renamed the obstacle into final/ and deleted the earlier run's .previous."""
+    run = train(make(tiny, data), data, _run(train_steps=2, eval_every=2, checkpoint_every=2), tmp_path / "run")
+    before = (run / "final" / "model.safetensors").read_bytes()
+    tmp = run / ".final.tmp"
+    if obstacle == "file":
+        tmp.write_text("someone's notes")
+    else:
+        tmp.symlink_to(tmp_path / "elsewhere")
+    fresh = _run(train_steps=3, eval_every=3, checkpoint_every=3, learning_rate=1e-3)
+    with pytest.raises(DraftlabError, match=rf"could not write {run / 'final'} .*: {tmp} is a {obstacle}, .* Move "):
+        train(make(tiny, data, seed=1), data, fresh, run, progress=False)
+    prev = run / ".previous"
+    assert (prev / "final" / "model.safetensors").read_bytes() == before, "the earlier run stays where it was"
+    assert tmp.is_symlink() or tmp.read_text() == "someone's notes", "the obstacle is the user's: left as it was"
+    assert not (run / "final").exists()
+    tmp.unlink()
+    capsys.readouterr()
+    train(make(tiny, data, seed=1), data, fresh, run, progress=False)  # the same command again: resumes, finishes
+    assert "Resuming the run" in capsys.readouterr().err
+    assert (run / "final" / "model.safetensors").exists() and not prev.exists()
+
+
+def test_a_final_that_does_not_load_is_removed_and_the_earlier_run_kept(tiny, data, tmp_path, monkeypatch):
+    from draftlab.training import final
+
+    run = train(make(tiny, data), data, _run(train_steps=2, eval_every=2, checkpoint_every=2), tmp_path / "run")
+    real = final.write_final
+
+    def cut(run_dir, draft):  # a final/ written whole, then cut (a disk that lies, a copy elsewhere)
+        folder = real(run_dir, draft)
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+        return folder
+
+    monkeypatch.setattr(final, "write_final", cut)
+    fresh = _run(train_steps=3, eval_every=3, checkpoint_every=3, learning_rate=1e-3)
+    with pytest.raises(DraftlabError, match=r"final was written but does not load .*cut short.*step-3.*\.previous"):
+        train(make(tiny, data, seed=1), data, fresh, run, progress=False)
+    assert (run / ".previous" / "final" / "model.safetensors").exists() and not (run / "final").exists()
+    monkeypatch.setattr(final, "write_final", real)
+    train(make(tiny, data, seed=1), data, fresh, run, progress=False)
+    assert not (run / ".previous").exists()

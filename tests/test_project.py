@@ -355,7 +355,7 @@ def test_make_lab_binds_loopback_only():
 STAGES = {"data": "01", "masks": "02", "drafts": "03", "training": "04", "acceptance": "05", "serving": "vllm serve"}
 CORE = {
     *("__init__", "__main__", "config", "devices", "families", "figures", "files", "layout", "progress", "run"),
-    "writes",
+    *("profile", "writes"),
 }
 ORDER = ("serving", "data", "masks", "drafts", "training", "acceptance")  # vLLM's engine first: 01, 04 and 05 use it
 

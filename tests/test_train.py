@@ -412,6 +412,26 @@ def test_find_checkpoint_in_speculators_save_layout(speculators_save):
     assert trained_draft(root.parent) is None
 
 
+@pytest.mark.parametrize("fault", ["cut", "missing"])
+def test_a_checkpoint_best_at_a_cut_or_missing_epoch_is_named_not_replaced(tiny, speculators_save, fault):
+    """speculators chose epoch 1 by its held-out loss: another epoch is not quietly loaded in its place."""
+    from draftlab.acceptance.proposers import load_draft
+    from draftlab.training.launch import find_checkpoint, trained_draft
+
+    root, _ = speculators_save
+    if fault == "cut":
+        blob = (root / "1" / "model.safetensors").read_bytes()
+        (root / "1" / "model.safetensors").write_bytes(blob[: len(blob) // 2])
+    else:
+        shutil.rmtree(root / "1")
+    says = "cut short" if fault == "cut" else "is missing"
+    best = rf"{root / 'checkpoint_best'} points at {root / '1'}, which cannot be loaded \(.*{says}.*\): speculators'"
+    for call in (lambda: find_checkpoint(root), lambda: trained_draft(root.parent), lambda: load_draft(root, tiny)):
+        with pytest.raises(DraftlabError, match=best + rf".*prefer='last' for the newest whole epoch \({root / '2'}\)"):
+            call()
+    assert find_checkpoint(root, prefer="last") == root / "2"
+
+
 def test_load_draft_takes_a_speculators_save_path_as_draftlabs_final(tiny, speculators_save):
     from draftlab.acceptance.proposers import load_draft, make_proposer
 
@@ -684,7 +704,19 @@ def test_compare_reads_both_trainers_checkpoints_on_the_same_packs(tiny, data, s
 # The core (top-level modules, as tests/test_project.py's) and the stages before training (01 data, 02 masks,
 # 03 drafts: the draft's own forward, recipe and masks) and the vLLM engine (online): a stage uses only stages before
 # it and the core (issue 32), never 05's acceptance.
-CORE = ("__init__", "config", "devices", "families", "figures", "files", "layout", "progress", "run", "writes")
+CORE = (
+    "__init__",
+    "config",
+    "devices",
+    "families",
+    "figures",
+    "files",
+    "layout",
+    "profile",
+    "progress",
+    "run",
+    "writes",
+)
 EARLIER = ("data", "masks", "drafts", "serving")
 HOME = ("draftlab/training/", *(f"draftlab/{m}.py" for m in CORE), *(f"draftlab/{m}/" for m in EARLIER))
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ from draftlab.data.verifier import load_verifier
 from draftlab.data.verifier_dir import resolve_verifier
 
 from conftest import make_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_nested_verifier_unwraps_text_config_and_language_model_prefix(nested_dir, tiny):
@@ -61,7 +64,7 @@ def test_verifier_without_lm_head_is_refused(tmp_path, tiny_dir):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     make_tokenizer().save_pretrained(tmp_path)
     # transformers would build a random lm_head for this checkpoint; draftlab must refuse it.
-    with pytest.raises(DraftlabError, match="no lm_head weights"):
+    with pytest.raises(DraftlabError, match=r"\['LlamaModel'\] checkpoint, a model with no lm_head: draftlab needs a"):
         load_verifier(tmp_path, device="cpu", dtype="float32")
 
 
@@ -137,9 +140,29 @@ def test_an_empty_weights_file_and_a_non_causal_directory_are_named(tiny_dir, tm
     (bert / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"], "model_type": "bert"}))
     save_file({"w": torch.zeros(4)}, bert / "model.safetensors")  # whole weights: the architecture is refused
     with pytest.raises(
-        DraftlabError, match=r"is a \['BertForMaskedLM'\] checkpoint: draftlab needs a decoder-only causal LM"
+        DraftlabError, match=r"is a \['BertForMaskedLM'\] checkpoint, an encoder head: draftlab needs a decoder-only"
     ):
         resolve_verifier(bert)
+
+
+def test_a_bert_model_directory_says_a_causal_lm_is_needed_when_stage_01_starts(tmp_path, monkeypatch):
+    """A real BertModel saved as it is: AutoModelForCausalLM would build BertLMHeadModel with a random head."""
+    import shutil
+
+    from transformers import BertConfig, BertModel
+
+    from draftlab.config import start_stage
+
+    bert = tmp_path / "bert"
+    BertModel(BertConfig(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=2)).save_pretrained(
+        bert
+    )
+    make_tokenizer().save_pretrained(bert)
+    shutil.copytree(ROOT / "notebooks" / "params", tmp_path / "notebooks" / "params")
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
+    with pytest.raises(DraftlabError, match=r"\['BertModel'\] checkpoint, a model with no lm_head: .* causal LM"):
+        start_stage("01", "ci", "bert", {"verifier": str(bert)})
+    assert not (tmp_path / "data" / "runs" / "smollm2-ci" / "config.json").exists(), "refused before it wrote"
 
 
 def test_a_dtype_mismatch_names_the_dtype_to_pass(tiny_dir):

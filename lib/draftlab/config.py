@@ -8,9 +8,8 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-import yaml
-
 from draftlab import DraftlabError
+from draftlab.profile import check_rules, fits_verifier, read_yaml
 
 
 def repo_root() -> Path:
@@ -154,10 +153,7 @@ def readers(key: str) -> list[str]:
 
 def stage_fields() -> dict[str, object]:
     """Every profile key any stage reads -> its type (one name, one type, in every stage)."""
-    out: dict = {}
-    for cls in STAGES.values():
-        out.update(typing.get_type_hints(cls))
-    return out
+    return {key: hint for cls in STAGES.values() for key, hint in typing.get_type_hints(cls).items()}
 
 
 def _accepts(hint, value) -> bool:
@@ -193,6 +189,7 @@ def check_values(params: dict, where, complete: bool = False) -> None:
                 f"{where}: {key}={value!r} is a {type(value).__name__}, but the stages expect "
                 f"{want.__name__ if isinstance(want, type) else want}; fix the value."
             )
+    check_rules(params, where)  # values the stages would refuse later (a family named twice, no block at all)
     missing = sorted(set(known) - set(params)) if complete else []
     if missing:
         listed = ", ".join(f"{k} (read by stage {'/'.join(readers(k))})" for k in missing)
@@ -205,7 +202,7 @@ def load_profile(name: str) -> dict:
     if not path.exists():
         known = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise DraftlabError(f"No profile {name!r} at {path}; pick one of {known}.")
-    params = yaml.safe_load(path.read_text()) or {}
+    params = read_yaml(path.read_text(), str(path)) or {}
     if not isinstance(params, dict):
         raise DraftlabError(f"{path} must hold a mapping of parameter: value.")
     check_values(params, path, complete=True)
@@ -245,6 +242,8 @@ def start_stage(stage: str, profile: str, run_name: str, overrides: dict | None 
     from draftlab.layout import write_json
 
     cfg, layout = open_stage(stage, profile, run_name, overrides)
+    if stage == "01":  # the verifier: a causal LM, its vocabulary and layers against the settings, before any answer
+        fits_verifier(cfg)
     record = {"stage": stage, "profile": profile, "run_name": run_name, "overrides": overrides or {}}
     write_json(layout.resolved_config(stage), {**record, "finished": None, "config": asdict(cfg)})
     return cfg, layout

@@ -11,7 +11,7 @@ from pathlib import Path
 from unittest.mock import patch
 
 from draftlab import DraftlabError
-from draftlab.config import check_values, load_profile, notebooks_dir, open_stage, readers
+from draftlab.config import load_profile, notebooks_dir
 from draftlab.layout import RunLayout
 from draftlab.progress import HEADLESS_ENV
 from draftlab.writes import writable_folder
@@ -49,20 +49,25 @@ def run(
     kernel: str = "python3",
     cell_timeout: int = CELL_TIMEOUT_S,
     overrides: dict | None = None,
+    check: bool = False,
 ) -> list[dict]:
+    """Every notebook of the run in order, after every check its stages make as they start (`profile.plan`, printed
+    with what each stage reads and writes); `check`: only that, nothing run."""
     import logging
+
+    from draftlab.profile import plan
 
     log = logging.getLogger("papermill")  # stream each cell's output to the console as it runs
     if not log.handlers:
         log.addHandler(logging.StreamHandler(sys.stdout))
         log.setLevel(logging.INFO)
     params = load_profile(profile)  # refused here, whole, before any notebook starts
-    check_values(overrides or {}, "--set")
     nbs = notebooks(only)
-    refuse_unread(overrides or {}, [p.name[:2] for p in nbs])
     run_name = run_name or profile
-    if any(p.name.startswith("01") for p in nbs):
-        open_stage("01", profile, run_name, overrides)  # refuses rewriting another run's dataset, up front
+    print(plan(profile, [p.name[:2] for p in nbs], run_name, overrides or {}, convert=check), flush=True)
+    if check:
+        print("--check: every setting is one the stages take; nothing was run.")
+        return []
     out = RunLayout({**params, **(overrides or {})}["dataset_name"], run_name).outputs
     writable_folder(out, "the run's outputs folder", OUTPUTS_ELSEWHERE)
     # the notebooks' parameters cells: each loads its own stage's config from the profile (config.start_stage)
@@ -72,20 +77,6 @@ def run(
         _run_each(nbs, params, out, kernel, cell_timeout, summary)
     print_summary(summary)
     return summary
-
-
-def refuse_unread(overrides: dict, stages: list[str]) -> None:
-    """Refuse a `--set` key that no stage of this run reads: it would change nothing, silently (e.g.
-    `--set draft_vocab_size=64 --only 04`: 04 trains on the vocabulary 01 already built)."""
-    for key, value in overrides.items():
-        by = readers(key)
-        if not set(by) & set(stages):
-            with_it = ",".join(sorted({*stages, by[-1]}))
-            raise DraftlabError(
-                f"--set {key}={value!r}: only stage {'/'.join(by)} reads {key}, and this run runs stage "
-                f"{'/'.join(stages)}, so it would change nothing. Add stage {by[-1]} to the run "
-                f"(--only {with_it}), or drop the --set."
-            )
 
 
 def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeout: int, summary: list[dict]) -> None:
@@ -179,15 +170,16 @@ def print_summary(summary: list[dict]) -> None:
 
 
 def parse_overrides(pairs: list[str]) -> dict:
-    """`KEY=VALUE` pairs from the command line, each VALUE read as YAML (so 0 is an int, null is None)."""
-    import yaml
+    """`KEY=VALUE` pairs from the command line, each VALUE read as YAML (so 0 is an int, null is None, 1e-3 a float;
+    `profile.read_yaml`: a fault named with the --set, line and column)."""
+    from draftlab.profile import read_yaml
 
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise DraftlabError(f"--set {pair!r}: write KEY=VALUE, e.g. --set n_sharegpt=0")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = read_yaml(value, f"--set {pair!r}")
     return out
 
 
@@ -210,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     r.add_argument(
         "--cell-timeout", type=int, default=CELL_TIMEOUT_S, help="seconds one cell may run before the run fails"
+    )
+    r.add_argument(
+        "--check", action="store_true", help="check the profile and every --set, print the plan, run nothing"
     )
     s = sub.add_parser(
         "serve", help="serve the verifier with a trained draft through `vllm serve` (foreground, Ctrl-C stops it)"
@@ -240,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             args.kernel,
             args.cell_timeout,
             parse_overrides(args.overrides),
+            args.check,
         )
     except (DraftlabError, NotebookFailed) as e:
         print(f"draftlab: {e}", file=sys.stderr)

@@ -118,14 +118,29 @@ def writable_folder(folder: Path, what: str, elsewhere: str) -> None:
 def publish(final: Path, fill, operation: str, kept: str) -> Path:
     """`fill(tmp)` writes the folder under a temporary name, renamed to `final` once complete. A write the
     machine refuses (disk full, file-size limit, read-only folder) removes the temporary folder, giving its
-    space back, and is named with its fix (`writing`); `final` as it was is untouched."""
+    space back, and is named with its fix (`writing`); `final` as it was is untouched. A writer that wrote no
+    folder there (transformers' `save_pretrained` only logs "should be a directory, not a file" and returns
+    when something else sits at the temporary name) is a DraftlabError naming that path, never a result."""
     tmp = final.with_name(f".{final.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp)  # what an interrupted write of this folder left
+    for path in (tmp, final):  # what sits there is not draftlab's: named, left as it is
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            raise DraftlabError(
+                f"could not write {final} ({operation}): {path} is {'a link' if path.is_symlink() else 'a file'}, "
+                f"not a folder draftlab writes, so nothing was written in its place. Move {path} away (or delete "
+                f"it), then run the same step again; {kept}."
+            )
     with writing(final, operation, kept, remove=tmp):
         final.parent.mkdir(parents=True, exist_ok=True)
         fill(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+        if not tmp.is_dir() or tmp.is_symlink() or not any(tmp.iterdir()):
+            raise DraftlabError(
+                f"could not write {final} ({operation}): the writer left no files in {tmp}; {kept}. Then run the "
+                "same step again."
+            )
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
     return final
 
 

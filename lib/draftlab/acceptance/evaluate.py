@@ -31,7 +31,10 @@ def load_spec_prompts(prompts: Path, tokenizer, split: str = "bench", n: int | N
             "with its train / eval / bench splits)."
         )
     fix = "Re-run notebook 01 for this dataset_name: it writes the prompt set again (and resumes the rest)."
-    rows = [r for r in read_jsonl(path, fix, ("id", "source", "text", "split")) if r["split"] == split]
+    every = read_jsonl(path, fix, ("id", "source", "text", "split"))
+    if not every:  # notebook 01 writes it whole, with train and eval prompts at least: emptied or cut since
+        raise DraftlabError(f"{path} is empty: it holds no prompts at all (emptied, or cut to nothing). {fix}")
+    rows = [r for r in every if r["split"] == split]
     if not rows:
         raise DraftlabError(
             f"{path} holds no {split!r} prompts; raise n_sharegpt/n_chat/n_code, or "

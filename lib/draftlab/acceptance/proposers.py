@@ -85,19 +85,21 @@ def load_draft(path, verifier):
 
     from draftlab.drafts.draft import Draft, _train_config, head_view, verify
     from draftlab.training.checkpoint import load_model, saved_dtype
+    from draftlab.training.final import check_trained_for
     from draftlab.training.launch import check_checkpoint, find_checkpoint
 
     path = Path(path)
     if not (path / "config.json").exists():
         path = find_checkpoint(path)  # speculators' <save>/<epoch>/ layout, or an error naming the fix
     check_checkpoint(path)  # a cut config.json or model.safetensors named, before speculators reads it
+    check_trained_for(path, verifier)  # stamped for another verifier (a same-shape one where its verifier was)
     kind = json.loads((path / "config.json").read_text()).get("speculators_model_type")
     if kind not in FAMILIES:
         raise DraftlabError(f"{path}/config.json is a {kind!r} speculator; draftlab drafts with {', '.join(taken())}.")
     rec = recipe(kind)  # a family draftlab refuses is refused here, by name
     cls = SpeculatorModel.registry[kind]
     attention = "eager" if str(verifier.device) == "mps" else "sdpa"
-    model = load_model(path, cls, attention, verifier.device, verifier.dtype).eval()
+    model = load_model(path, cls, attention, verifier.device, verifier.dtype, head_view(verifier)).eval()
     norms.match_verifier_norm(model, verifier)
     if model.config.transformer_layer_config.hidden_size != verifier.hidden_size:
         raise DraftlabError(

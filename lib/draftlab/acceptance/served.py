@@ -7,6 +7,7 @@ into notebook 05's tables and checks (`compare.py`), `for_metrics` into metrics.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from draftlab import DraftlabError
@@ -16,7 +17,11 @@ from draftlab.acceptance.together import Launched, launch, wait_all
 from draftlab.data.prompts import messages
 from draftlab.serving.counters import loop_unconditional, served_metrics
 from draftlab.serving.pair_check import aux_layer_ids
-from draftlab.serving.server import Server
+from draftlab.serving.server import Server, ServerDied
+
+
+class ServedDiedWarning(UserWarning):
+    """A draft's server died while it answered: its row of the served tables holds the message."""
 
 
 def measure(
@@ -42,7 +47,9 @@ def measure(
     vLLM in turn on one core each, and an idle server takes no CPU, so starting them at once costs about the
     time of the slowest start instead of their sum (BENCHMARKS.md, "Served acceptance"). Every server is
     stopped on every path. Returns {"available": False, "reason": ...} where vLLM cannot run; a draft vLLM
-    cannot serve gets {"error": <vLLM's reason>} and the others go on."""
+    cannot serve gets {"error": <vLLM's reason>} and the others go on. A server that dies while it answers is named
+    with its log (`ServerDied`): the verifier alone's is raised (no baseline, nothing to set a draft against), a
+    draft's becomes its error, whole, and a `ServedDiedWarning` at once."""
     launched = launched or launch(verifier, drafts, prompts + list(pool or []), k, max_tokens, log_dir, ngram)
     if launched.reason:
         return {"available": False, "reason": launched.reason}
@@ -57,6 +64,8 @@ def measure(
                 raise started["verifier alone"]
             runs["verifier alone"] = serve_levels(s, prompts, pool, max_tokens, levels)
             runs["verifier alone"]["vllm_prompt_ids"] = [s.tokenize(messages(p)) for p in prompts]
+        except ServerDied:  # it served, then died (out of memory, killed): a fault of this machine, said as such
+            raise
         except DraftlabError as e:
             return {"available": False, "reason": f"vLLM could not serve the verifier: {str(e).splitlines()[0]}"}
         s.stop()
@@ -76,6 +85,9 @@ def measure(
                         aux_layers_checkpoint=aux_layer_ids(s.draft_cfg),
                         draft_vocab_size=s.draft_cfg.get("draft_vocab_size"),
                     )
+            except ServerDied as e:  # the others go on; the whole message kept, and said now
+                warnings.warn(str(e), ServedDiedWarning, stacklevel=2)
+                run = {"error": str(e)}
             except DraftlabError as e:
                 run = {"error": str(e).splitlines()[0]}
             runs[kind] = run

@@ -12,6 +12,7 @@ token is distributed exactly as the verifier's softmax at that temperature.
 
 from __future__ import annotations
 
+import numbers
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ import torch
 from draftlab import DraftlabError
 from draftlab.acceptance.proposers import Proposal, Proposer, crop
 from draftlab.data.hooks import capture
+from draftlab.data.verifier import check_token_ids
 
 
 @dataclass
@@ -112,6 +114,15 @@ def speculative_generate(
             f"speculative_generate needs k >= 0, max_new_tokens >= 1 and a prompt (got k={k}, "
             f"max_new_tokens={max_new_tokens}, {len(prompt_ids)} prompt tokens)."
         )
+    odd = [t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+    if odd:
+        raise DraftlabError(f"speculative_generate: prompt_ids holds {odd[0]!r}, not a token id (a whole number).")
+    check_token_ids(
+        verifier,
+        {"prompt_ids": [int(t) for t in prompt_ids]},
+        "speculative_generate",
+        "tokenize the prompt with this verifier's tokenizer (the one saved with the model).",
+    )
     limit = getattr(verifier.config, "max_position_embeddings", None)
     if limit and len(prompt_ids) + max_new_tokens > limit:
         import warnings

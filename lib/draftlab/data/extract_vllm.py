@@ -24,14 +24,19 @@ import functools
 import json
 import os
 import shutil
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from draftlab import DraftlabError
 from draftlab.data.extract import validate_layer_ids
-from draftlab.serving.command import SERVED_NAME, kept_per_executable, server_env, unavailable, vllm_executable
+from draftlab.serving.command import (
+    SERVED_NAME,
+    ask_vllm,
+    kept_per_executable,
+    unavailable,
+    vllm_executable,
+)
 from draftlab.serving.server import Server
 
 PLUGINS = Path(__file__).resolve().parents[2] / "vllm_plugins"  # imported inside the vLLM environment only
@@ -63,7 +68,7 @@ def _run_probe(exe: str) -> tuple[str | None, str | None]:
     python = Path(exe).parent / "python"  # a venv's, or a wrapper's beside it (benchmarks/gpu_pipeline.sh writes one)
     if not python.is_file():
         return None, f"no `python` beside {exe} to read the vLLM environment with (a venv's bin/ has one)"
-    done = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True, timeout=300, env=server_env())
+    done = ask_vllm([str(python), "-c", _PROBE], "whether its hidden-states connector runs here")
     if done.returncode != 0:
         return None, f"the vLLM environment's python failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
     found = json.loads(done.stdout.strip().splitlines()[-1])

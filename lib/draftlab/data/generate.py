@@ -174,8 +174,15 @@ def generate_responses(
         try:
             if server is not None:
                 from draftlab.data.generate_vllm import serve_answers
+                from draftlab.serving.server import ServerDied
 
-                serve_answers(server, todo, seqs, write, max_new_tokens, temperature, seed, concurrency=batch_size)
+                try:
+                    serve_answers(server, todo, seqs, write, max_new_tokens, temperature, seed, batch_size)
+                except ServerDied as e:  # what it answered is in the file: the same command resumes after it
+                    raise ServerDied(
+                        f"{e}\nThe {len(done)} answers written are kept in {path}; run notebook 01 again "
+                        "to go on from them."
+                    ) from None
             else:
                 hf_answers(
                     engine.hf_verifier(), todo, seqs, write, max_new_tokens, temperature, batch_size, seed, batch_tokens

@@ -19,6 +19,8 @@ from draftlab.data.manifest import write_atomic
 from draftlab.files import read_cache, safetensors_fault
 
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+# What a causal LM's architecture is called (a nested one, e.g. a vision-language wrapper: ForConditionalGeneration)
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 # Heads of encoder models (BERT-style): no next-token logits, so never a verifier.
 ENCODER_SUFFIXES = (
     "ForMaskedLM",
@@ -57,10 +59,12 @@ def resolve_verifier(spec: str | Path | None) -> Path:
             f"from the source checkpoint ({name}: {fault})."
         )
     archs = json.loads((path / "config.json").read_text()).get("architectures") or []
-    if archs and all(a.endswith(ENCODER_SUFFIXES) for a in archs):
+    if archs and not any(a.endswith(CAUSAL_SUFFIXES) for a in archs):
+        what = "an encoder head" if all(a.endswith(ENCODER_SUFFIXES) for a in archs) else "a model with no lm_head"
         raise DraftlabError(
-            f"verifier {path} is a {archs} checkpoint: draftlab needs a decoder-only causal LM (an "
-            "architecture such as LlamaForCausalLM), whose next-token logits a draft can learn."
+            f"verifier {path} is a {archs} checkpoint, {what}: draftlab needs a decoder-only causal LM (an "
+            "architecture such as LlamaForCausalLM), whose next-token logits a draft can learn. Point verifier at "
+            "the causal LM's directory (what AutoModelForCausalLM.save_pretrained writes)."
         )
     return path
 

@@ -13,7 +13,7 @@ import torch
 
 from draftlab import DraftlabError
 from draftlab.drafts.device import inference
-from draftlab.masks.attention import attention_settings, require_impl
+from draftlab.masks.attention import attention_settings, require_built, require_impl
 from draftlab.masks.packing import check_pack, pack_length, pad_batch, tokens
 
 INPUTS = ("hidden_states", "input_ids", "loss_mask", "verifier_last_hidden_states", "document_ids", "position_ids")
@@ -53,6 +53,7 @@ def forward(draft, batch: dict, cast: bool = False, **overrides):
     this call only (`settings.forward_options`: TTT steps, DFlash anchors). The draft is not written to."""
     for impl in attention_settings(draft.model):  # every call: a setting changed after build would mask nothing
         require_impl(impl)
+    require_built(draft.model, draft.device, torch.is_grad_enabled())
     batch = check_batch_dtype(batch, draft.dtype, cast)
     check_width(draft.model.target_layer_ids, draft.verifier.hidden_size, batch["hidden_states"].shape[-1])
     n, _ = pack_length(batch["input_ids"].shape[1], draft.kind, draft.attention)

@@ -4,6 +4,7 @@ and the built or reloaded draft (no NaN, frozen tensors equal to the verifier's,
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -77,10 +78,16 @@ def verify(draft: Draft, saved_dtype: torch.dtype | None = None) -> None:
         norms.check_verifier_norm(m, v)
     if bad:
         name = str(cmp).removeprefix("torch.")
+        named = getattr(m, "trained_for", None) or m.config.speculators_config.verifier.name_or_path  # load_model's
+        why = (
+            "the draft's config names this very path as the verifier it was trained for, but the model there now is "
+            "another one of the same shape (replaced since, e.g. by a fine-tune or another download)"
+            if Path(str(named)).resolve() == Path(v.path).resolve()
+            else f"the draft was made for another verifier ({named})"
+        )
         raise DraftlabError(
-            f"the draft's frozen {bad} differ from verifier {v.path}'s (compared in {name}): the draft was made for "
-            f"another verifier ({m.config.speculators_config.verifier.name_or_path}). Load the verifier it was trained "
-            f"for, in the dtype it was trained in ({name}), or train a draft for this one."
+            f"the draft's frozen {bad} differ from verifier {v.path}'s (compared in {name}): {why}. Load the verifier "
+            f"it was trained for, in the dtype it was trained in ({name}), or train a draft for this one."
         )
     if draft.attention != "simple_flex_attention" or str(v.device).startswith("cuda"):
         # The mask builder speculators' model picked for its attention; speculators keeps that choice

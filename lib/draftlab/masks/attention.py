@@ -71,6 +71,32 @@ def attention_settings(model) -> set:
     }
 
 
+def require_built(model, device, training: bool) -> None:
+    """Every layer on the attention the draft was built with (speculators picks the mask builder when it builds a
+    draft, `_create_mask_fn`: one set to another implementation after computes another loss, e.g. sdpa's boolean
+    mask added as 0/1 by eager), and no training forward of flex on a CPU (torch has no backward there)."""
+    built = getattr(model, "_attn_impl", None)
+    layers = [m.config for m in model.modules() if m is not model and hasattr(m, "config")]
+    now = {getattr(c, "_attn_implementation", None) for c in [*layers, model.config.transformer_layer_config]}
+    changed = sorted(now - {built, None}) if built else []
+    name = {FLEX: "flex"}
+    cpu = not str(device).startswith("cuda")
+    no_backward = "; flex has no backward on CPU (torch's flex attention), so on CPU pick sdpa" if cpu else ""
+    choose = "choose attention when the draft is built: build_draft(..., attention=...) or the profile key attention"
+    if changed:
+        raise DraftlabError(
+            f"the draft was built with {name.get(built, built)} attention, and its layers now run "
+            f"{', '.join(name.get(c, c) for c in changed)}: speculators fixed its attention mask for "
+            f"{name.get(built, built)} when it built the draft, so the loss would be another. Do not set "
+            f"_attn_implementation after build; {choose} (flex, sdpa or eager){no_backward if FLEX in changed else ''}."
+        )
+    if training and built == FLEX and cpu:
+        raise DraftlabError(
+            f"flex attention on {device}: this draft cannot train here{no_backward}. To train on CPU, {choose} "
+            "(sdpa, or unset: sdpa on CPU, flex on CUDA)."
+        )
+
+
 def check_mask(impl: str | None, mask) -> None:
     """Raise before torch does when the mask type does not fit the implementation."""
     require_impl(impl)

@@ -14,33 +14,42 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 from draftlab import DraftlabError
 from draftlab.config import repo_root
 from draftlab.serving.pair_check import speculative_config
+from draftlab.serving.process import positive_env
 
 VLLM_ENV = "DRAFTLAB_VLLM"  # a `vllm` executable to use instead of .venv-vllm/bin/vllm or PATH's
 SERVED_NAME = "verifier"
+PROBE_TIMEOUT_ENV = "DRAFTLAB_VLLM_PROBE_TIMEOUT"  # seconds one question to a vLLM environment may take
+PROBE_TIMEOUT_S = 300  # `vllm --version` imports torch (seconds); `--help=all` imports vLLM too
 
 
-def positive_env(name: str, default: float, what: str, example: str) -> float:
-    """The positive number environment variable `name` holds (`what` it counts), else `default`. An environment
-    variable, so that every server reads it: `draftlab run`'s kernels (notebooks 01, 04 and 05) inherit it."""
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
+def ask_vllm(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    """`cmd` (the vLLM environment asked `what`) run within $DRAFTLAB_VLLM_PROBE_TIMEOUT seconds, bounded as a server's
+    start is: no answer in time is a DraftlabError naming the command, the seconds, its last line and the setting."""
+    limit = positive_env(PROBE_TIMEOUT_ENV, PROBE_TIMEOUT_S, f"the seconds `{Path(cmd[0]).name}` may take", "600")
+    proc = subprocess.Popen(  # its own session: a timeout ends every process it started, and their pipes with them
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=server_env(), start_new_session=True
+    )
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        said = [ln for ln in (err + out).splitlines() if ln.strip()]
+        shown = " ".join("<script>" if "\n" in str(a) else str(a) for a in cmd)
         raise DraftlabError(
-            f"{name}={raw!r}: give {what} as a positive number (e.g. {name}={example}), or unset it for the "
-            f"default {default:g}."
-        )
-    return value
+            f"`{shown}` ({what}) did not answer in {limit:g} s"
+            f"{f', its last line {said[-1][:200]!r}' if said else ', printing nothing'}. If it is only slow, set "
+            f"{PROBE_TIMEOUT_ENV} to more seconds (e.g. {PROBE_TIMEOUT_ENV}={2 * limit:.0f}, in the environment of "
+            "`draftlab run` or of Jupyter); if it hangs, run that command yourself to see where."
+        ) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def vllm_executable(required: bool = True) -> Path | None:
@@ -126,11 +135,9 @@ def _probe(exe: str) -> tuple[str | None, str | None]:
 
     def ask():
         try:
-            done = subprocess.run(
-                [str(exe), "--version"], capture_output=True, text=True, timeout=300, env=server_env()
-            )
-        except subprocess.TimeoutExpired:
-            return (not_vllm(exe, "no answer within 300 s"), None), False
+            done = ask_vllm([str(exe), "--version"], "its version")
+        except DraftlabError as e:  # no answer in time: said with the setting that gives it more
+            return (str(e), None), False
         except OSError as e:  # not a program the system can run (no interpreter, a binary for another machine)
             return (not_vllm(exe, f"it could not run: {e.strerror}"), None), False
         lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
@@ -160,9 +167,7 @@ def supported_flags() -> frozenset[str]:
         return frozenset()
 
     def ask():
-        done = subprocess.run(
-            [str(exe), "serve", "--help=all"], capture_output=True, text=True, timeout=300, env=server_env()
-        )
+        done = ask_vllm([str(exe), "serve", "--help=all"], "the flags its `vllm serve` takes")
         flags = sorted(set(re.findall(r"(?m)^\s+(--[a-z0-9][a-z0-9-]*)", done.stdout)))
         return flags, done.returncode == 0 and bool(flags)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftlab import DraftlabError
-from draftlab.serving.command import positive_env
+from draftlab.serving.process import positive_env
 
 GiB = 1 << 30
 KV_CAP = 32 * GiB  # a cap, not a need: more only delays a start and crowds the other servers

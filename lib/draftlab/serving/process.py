@@ -27,6 +27,24 @@ KILLED_WHY = (
 )
 
 
+def positive_env(name: str, default: float, what: str, example: str) -> float:
+    """The positive number environment variable `name` holds (`what` it counts), else `default`. An environment
+    variable, so that every server reads it: `draftlab run`'s kernels (notebooks 01, 04 and 05) inherit it."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise DraftlabError(
+            f"{name}={raw!r}: give {what} as a positive number (e.g. {name}={example}), or unset it for the "
+            f"default {default:g}."
+        )
+    return value
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,6 +91,15 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (not a zombie), from /proc: true in any process, a loader forked from the one that
+    started it included (`Popen.poll` there takes the server for exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
     """SIGTERM to the process group `proc` leads (vLLM shuts its engine down), SIGKILL to what is left after
     `grace_s`; returns once no member is alive."""
@@ -105,12 +132,17 @@ def stop_groups(procs: list[subprocess.Popen], grace_s: float = 30) -> None:
 def serve_forever(
     verifier_dir, draft_dir, k: int = 5, dtype: str = "float32", device: str = "cpu", port: int = 8000, *, check
 ) -> int:
-    """`draftlab serve`: the same server in the foreground, logging to the terminal, until Ctrl-C or SIGTERM. Every
-    fault draftlab can see is refused before vLLM starts: the draft's files, its fit to the verifier (shapes and
-    frozen tensors: `check(verifier_dir, draft_dir, dtype)`, the loop's `acceptance.proposers.check_frozen`), the
-    port, and the vLLM executable."""
+    """`draftlab serve`: the same server in the foreground, its log on the terminal and in a file, until Ctrl-C or
+    SIGTERM (130). Every fault draftlab can see is refused before vLLM starts: the draft's files, its fit to the
+    verifier (shapes and frozen tensors: `check(verifier_dir, draft_dir, dtype)`, the loop's
+    `acceptance.proposers.check_frozen`), the port, and the vLLM executable. A server that stops on its own (its
+    process exited, or its engine died: `/health` 503) is a `logs.ServerDied` naming the log file and its last
+    error lines, so the command exits non-zero."""
     import shlex
+    import tempfile
+    import threading
 
+    from draftlab.serving import logs
     from draftlab.serving.command import serve_command, server_env, unavailable
 
     cmd = serve_command(verifier_dir, draft_dir, k, dtype, device, port=port)  # the pair's files and shapes checked
@@ -119,12 +151,55 @@ def serve_forever(
     if reason:
         raise DraftlabError(reason)
     check(verifier_dir, draft_dir, dtype)  # seconds: loads the verifier and the draft on the CPU
-    print(shlex.join(cmd), flush=True)
+    log_path = Path(tempfile.mkstemp(prefix="draftlab-serve-", suffix=".log")[1])
+    print(f"{shlex.join(cmd)}\n(its log is also written to {log_path})", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the server as Ctrl-C does
-    proc = subprocess.Popen(cmd, env=server_env(), start_new_session=True, preexec_fn=die_with_parent)
+    proc = subprocess.Popen(
+        cmd,
+        env=server_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
+    copy = threading.Thread(target=_tee, args=(proc.stdout, log_path), daemon=True)
+    copy.start()
     try:
-        return proc.wait()
+        code, answered = _until_it_stops(proc, f"http://127.0.0.1:{port}")
     except KeyboardInterrupt:
         return 130
     finally:
         stop_group(proc)
+        copy.join(timeout=10)
+    why = logs.gone(code, proc.pid, log_path)
+    what = f"the vLLM server of draft {draft_dir} (port {port})"
+    raise logs.ServerDied(logs.death(what, why, "serving" if answered else "starting", log_path))
+
+
+def _tee(stream, log_path: Path) -> None:
+    """The server's output to the terminal and to `log_path`, line by line, as it comes."""
+    import sys
+
+    with open(log_path, "ab") as log:
+        for line in iter(stream.readline, b""):
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+            log.write(line)
+            log.flush()
+
+
+def _until_it_stops(proc: subprocess.Popen, url: str) -> tuple[int | None, bool]:
+    """(the server's exit code, None where vLLM says its engine is dead (/health 503: it then shuts its API down
+    too, not always at once); whether it had answered /health), once it stops on its own."""
+    from draftlab.serving.logs import health
+
+    answered = False
+    while True:
+        code = proc.poll()
+        if code is not None:
+            return code, answered
+        status = health(url)
+        if status == 503:
+            return None, answered
+        answered = answered or status == 200
+        time.sleep(2)

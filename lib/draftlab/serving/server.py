@@ -10,8 +10,8 @@ It then speaks vLLM's HTTP API: chat, tokenize, metrics, and the reasons in vLLM
 
 from __future__ import annotations
 
+import http.client
 import json
-import re
 import subprocess
 import tempfile
 import threading
@@ -21,9 +21,11 @@ import urllib.request
 from pathlib import Path
 
 from draftlab import DraftlabError
-from draftlab.serving.command import SERVED_NAME, positive_env, serve_args, server_env, unavailable
+from draftlab.serving import logs
+from draftlab.serving.command import SERVED_NAME, serve_args, server_env, unavailable
+from draftlab.serving.logs import ServerDied  # noqa: F401  (what every path raises for a server that died)
 from draftlab.serving.pair_check import speculative_config
-from draftlab.serving.process import KILLED_WHY, KILLED_WORKER, die_with_parent, free_port, stop_group
+from draftlab.serving.process import die_with_parent, free_port, positive_env, stop_group
 
 STARTUP_TIMEOUT_ENV = "DRAFTLAB_VLLM_STARTUP_TIMEOUT"  # seconds a server may take to answer /health
 BAR = "{desc}: {n}/{total} s waited"
@@ -115,11 +117,7 @@ class Server:
             time.sleep(0.5)
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
-                return r.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+        return logs.health(self.url) == 200
 
     def wait_ready(self) -> None:
         """Until /health answers (startup_s then holds the seconds since launch); on an error or an interrupt the
@@ -140,20 +138,21 @@ class Server:
         desc = f"vLLM starting on port {self.port} (its log: {self.log_path})"
         with progress_bar(total=round(self.startup_timeout), desc=desc, unit="s", bar_format=BAR) as bar:
             while time.monotonic() < deadline:
+                if self._ready_at is not None:  # it answered /health (`_watch_ready`): a death after is while serving
+                    return
                 code = self.proc.poll()
                 if code is not None:
                     raise DraftlabError(
-                        f"vLLM exited with code {code} before serving: {self.cause()}\n"
+                        f"vLLM exited with code {code} before serving (its log: {self.log_path}): {self.cause()}\n"
                         f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
                     )
-                if self._ready_at is not None:  # `_watch_ready` polls /health from the launch on
-                    return
                 time.sleep(1.0)
                 bar.update(round(self.startup_timeout - max(deadline - time.monotonic(), 0)) - bar.n)
         raise DraftlabError(
-            f"vLLM did not answer /health within {self.startup_timeout:g} s. If it is only slow, set "
-            f"{STARTUP_TIMEOUT_ENV} to more seconds (e.g. {STARTUP_TIMEOUT_ENV}={2 * self.startup_timeout:.0f}, in "
-            f"the environment of `draftlab run` or of Jupyter); if it hangs, its log says where.\n"
+            f"vLLM did not answer /health within {self.startup_timeout:g} s (its log: {self.log_path}). If it is "
+            f"only slow, set {STARTUP_TIMEOUT_ENV} to more seconds (e.g. {STARTUP_TIMEOUT_ENV}="
+            f"{2 * self.startup_timeout:.0f}, in the environment of `draftlab run` or of Jupyter); if it hangs, its "
+            "log says where.\n"
             f"command: {' '.join(self.command)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
         )
 
@@ -166,31 +165,29 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def log_tail(self, n: int = 25) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
-        return "\n".join(lines[-n:])
+        return logs.tail(self.log_path, n)
 
     def cause(self) -> str:
-        """The last exception vLLM logged (`SomeError: ...`, with pydantic's detail line), the best short reason; the
-        engine's wrappers ("Engine core initialization failed. See root cause above.") give way to that root cause."""
-        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
-        if any(KILLED_WORKER in ln for ln in lines):  # its own exceptions then only say "cancelled"
-            return KILLED_WHY
-        hits = [i for i, ln in enumerate(lines) if re.search(r"(?:^|[\s.\]])\w+(?:Error|Exception): \S", ln)]
-        hits = [i for i in hits if not re.search(r"See (?:root cause|stack trace)", lines[i])] or hits
-        if not hits:
-            return "no exception in its log"
-        i = hits[-1]
-        text = re.sub(r"^.*?(\w+(?:Error|Exception): )", r"\1", lines[i]).strip()
-        if "validation error" in text and i + 1 < len(lines):
-            text += " " + lines[i + 1].strip()
-        return text[:600]
+        """The last exception vLLM logged, its root cause (`logs.cause`)."""
+        return logs.cause(self.log_path)
 
     def logged_aux_layers(self) -> list[int] | None:
-        """The aux layer ids vLLM says it took, from its log ("Using auxiliary layers from ... config: (2, 15, 27)")."""
-        found = re.findall(
-            r"auxiliary layers from [\w ]*config: [\[(]([\d, ]*)[\])]", self.log_path.read_text(errors="replace")
+        return logs.aux_layers(self.log_path)
+
+    @property
+    def what(self) -> str:
+        """Which server this is, in words, for its faults."""
+        serves = (
+            f"draft {self.draft_dir}" if self.draft_dir else (self.spec or {}).get("method") or "the verifier alone"
         )
-        return [int(x) for x in found[-1].split(",") if x.strip()] if found else None
+        return f"the vLLM server of {serves} (port {self.port})"
+
+    def died(self) -> str | None:
+        """Why this server, which was answering, is gone (`logs.died`), or None while it answers."""
+        return logs.died(self.proc, self.url, self.log_path) if self.proc is not None else None
+
+    def death(self, why: str, doing: str) -> ServerDied:
+        return ServerDied(logs.death(self.what, why, doing, self.log_path))
 
     def request(self, path: str, body: dict | None = None, timeout: float = 600):
         data = json.dumps(body).encode() if body is not None else None
@@ -198,8 +195,16 @@ class Server:
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 raw = r.read().decode()
-        except urllib.error.HTTPError as e:
-            raise DraftlabError(f"vLLM answered {e.code} to {path}: {e.read().decode()[:500]}") from None
+        except urllib.error.HTTPError as e:  # a 5xx from an engine that died: the death is the fault, not the request
+            said, why = e.read().decode()[:500], self.died() if e.code >= 500 else None
+            if why:
+                raise self.death(why, f"answering {path}") from None
+            raise DraftlabError(f"vLLM answered {e.code} to {path}: {said}") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException):
+            why = self.died()
+            if why:
+                raise self.death(why, f"answering {path}") from None
+            raise
         return json.loads(raw) if raw.lstrip().startswith(("{", "[")) else raw
 
     def chat(self, chat: list[dict], max_tokens: int, temperature: float = 0.0) -> dict:

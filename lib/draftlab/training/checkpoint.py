@@ -138,21 +138,21 @@ def load(path: Path, draft, optimizer, scheduler, hp: dict) -> dict:
     return state
 
 
-def write_final(run_dir: Path, draft) -> Path:
-    """`final/`: a plain speculators folder (config.json + model.safetensors) for vLLM and notebook 05."""
-    kept = f"the checkpoints in {Path(run_dir) / 'checkpoints'} are kept (resume=True continues from the last)"
-    return publish(Path(run_dir) / "final", draft.model.save_pretrained, "the trained draft, final/", kept)
-
-
-def load_model(path: Path, cls, attention: str, device, dtype) -> torch.nn.Module:
-    """A saved speculators draft of class `cls`; `_attn_implementation` is not serialised, so it is set again, and
-    what `from_pretrained` leaves undone is restored by the family's recipe (`after_load`: XPress's refiner mask)."""
+def load_model(path: Path, cls, attention: str, device, dtype, verifier_path) -> torch.nn.Module:
+    """A saved speculators draft of class `cls` for the verifier at `verifier_path`; `_attn_implementation` is not
+    serialised, so it is set again, and what `from_pretrained` leaves undone is restored by the family's recipe
+    (`after_load`: XPress's refiner mask). speculators reads the frozen tensors (embeddings, heads, norm) from the
+    verifier path the draft's config names, which may be gone or hold another model by now: it is pointed at
+    `verifier_path`, the verifier handed in, and the path it named kept as `trained_for` for the checks' words."""
     from speculators import SpeculatorModel
 
     config = cls.config_class.from_pretrained(path)
     config.transformer_layer_config._attn_implementation = attention
+    named = config.speculators_config.verifier
+    trained_for, named.name_or_path = named.name_or_path, str(verifier_path)
     model = SpeculatorModel.from_pretrained(path, config=config).to(device=device, dtype=dtype)
     recipe(config.speculators_model_type).after_load(model)
+    model.trained_for = trained_for
     return model
 
 
@@ -160,9 +160,12 @@ def reload(path: Path, like: Draft) -> Draft:
     """Load a saved draft through speculators (`SpeculatorModel.from_pretrained`) and check it (`verify`)."""
     from draftlab.drafts import norms
     from draftlab.drafts.draft import Draft
+    from draftlab.drafts.inputs import head_view
     from draftlab.drafts.validate import verify
 
-    model = load_model(path, type(like.model), like.attention, like.verifier.device, like.dtype)
+    model = load_model(
+        path, type(like.model), like.attention, like.verifier.device, like.dtype, head_view(like.verifier)
+    )
     norms.match_verifier_norm(model, like.verifier)
     draft = Draft(model, like.kind, like.verifier, like.train_config, like.train_kwargs, dict(like.choices))
     verify(draft, saved_dtype(path))

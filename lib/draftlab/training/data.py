@@ -105,13 +105,23 @@ def read_rows(ds, indices, requests: int = 1) -> list:
     """The rows of one pack, in order. Online each row is a request to vLLM that waits for its states; asked one
     at a time, each reader keeps one request in flight and the server idles between them (BENCHMARKS.md, "Online
     hidden states"), so up to `requests` rows of a pack are asked at once from threads (vLLM batches what is in
-    flight). The first row is read alone: it sets up speculators' client."""
+    flight). The first row is read alone: it sets up speculators' client. A row speculators gave up on ends the read
+    (`Packs.batch` refuses the pack): each other row would wait out the same retries."""
     from concurrent.futures import ThreadPoolExecutor
 
     idx = [int(i) for i in indices]
-    if requests < 2 or len(idx) < 2 or getattr(ds, "on_missing", None) != "generate":
-        return [ds[i] for i in idx]
+    if not idx:
+        return []
     first = ds[idx[0]]
+    if not isinstance(first, dict):  # speculators gave up on it (its retries spent): the others would wait as long
+        return [first]
+    if requests < 2 or len(idx) < 2 or getattr(ds, "on_missing", None) != "generate":
+        rows = [first]
+        for i in idx[1:]:
+            rows.append(ds[i])
+            if not isinstance(rows[-1], dict):
+                break
+        return rows
     with ThreadPoolExecutor(min(requests, len(idx) - 1)) as pool:
         return [first, *pool.map(ds.__getitem__, idx[1:])]
 
@@ -119,10 +129,10 @@ def read_rows(ds, indices, requests: int = 1) -> list:
 class Packs:
     """Packs of one split in speculators' order: `indices(step)` for training, `all()` for eval."""
 
-    def __init__(self, draft, ds, pack_len: int, seed: int, requests: int = 1):
+    def __init__(self, draft, ds, pack_len: int, seed: int, requests: int = 1, online=None):
         from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
-        self.ds, self.seed, self.requests = ds, seed, requests
+        self.ds, self.seed, self.requests, self.online = ds, seed, requests, online
         self.length, self.why = pack_length(pack_len, draft.kind, draft.attention)
         self.sampler = MultipackDistributedBatchSamplerV2(
             self.length, ds.approx_lengths, num_replicas=1, rank=0, seed=seed
@@ -151,8 +161,21 @@ class Packs:
         return epoch, step
 
     def batch(self, indices) -> dict:
+        """One pack, collated; refused where a row has no hidden states (speculators gives up on a row after its
+        retries, or finds its stored states made for other tokens) rather than trained or evaluated on without it."""
+        from speculators.train.recovery import SampleUnavailable
+
         hidden, n_layers, dtype, shift = self.shape
-        return collate(read_rows(self.ds, indices, self.requests), self.length, hidden, n_layers, dtype, shift)
+        if self.online is not None:
+            self.online.check()
+        rows = read_rows(self.ds, indices, self.requests)
+        missing = [r for r in rows if isinstance(r, SampleUnavailable)]
+        if missing:
+            raise DraftlabError(
+                f"a pack of {len(indices)} rows has {'a row' if len(missing) == 1 else f'{len(missing)} rows'} "
+                f"without hidden states ({missing[0].reason[:400]}): no step is taken on such a pack."
+            )
+        return collate(rows, self.length, hidden, n_layers, dtype, shift)
 
     def at(self, step: int) -> tuple[dict, tuple[int, int]]:
         epoch, k = self.position(step)

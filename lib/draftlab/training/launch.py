@@ -124,9 +124,18 @@ def find_checkpoint(save_path, prefer: str = "best") -> Path:
     if loadable(root):
         return root
     best = root / "checkpoint_best"
-    if prefer == "best" and best.is_dir() and loadable(best.resolve()):
-        return root / best.resolve().name if best.resolve().parent == root.resolve() else best.resolve()
     good = [root / str(e) for e in epochs_in(root) if loadable(root / str(e))]
+    if prefer == "best" and (best.exists() or best.is_symlink()):
+        target = best.resolve()
+        fault = checkpoint_fault(target) if target.is_dir() else f"{target} is missing"
+        if fault:  # speculators chose that epoch by its held-out loss: another one is not quietly taken instead
+            newest = f" ({good[-1]})" if good else ", of which there is none"
+            raise DraftlabError(
+                f"{best} points at {target}, which cannot be loaded ({fault}): speculators' best epoch is cut or "
+                f"missing. Pass prefer='last' for the newest whole epoch{newest}, or point checkpoint_best at a "
+                f"whole epoch (ln -sfn <epoch> {best})."
+            )
+        return root / target.name if target.parent == root.resolve() else target
     if good:
         return good[-1]
     seen = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
@@ -156,6 +165,11 @@ def trained_draft(kind_dir) -> Path | None:
 
 
 def _found(save_path: Path) -> Path | None:
+    """The checkpoint of a speculators save, None where it holds none; a checkpoint_best that points at a cut or
+    missing epoch is an error (`find_checkpoint`), not taken for no checkpoint."""
+    best = Path(save_path) / "checkpoint_best"
+    if best.exists() or best.is_symlink():
+        return find_checkpoint(save_path)
     try:
         return find_checkpoint(save_path)
     except DraftlabError:

@@ -32,6 +32,36 @@ class Online:
     no_cache: Path
     server: object = None  # the `Server`, for its log and start-up time
 
+    def check(self) -> None:
+        """Before a pack's rows are asked for: a server already gone stops the read at once, instead of each row
+        waiting out speculators' retries (a loader process asks too: by pid, `process.alive`)."""
+        from draftlab.serving.process import alive
+
+        proc = getattr(self.server, "proc", None)
+        if proc is not None and not alive(proc.pid):
+            raise DraftlabError(f"the vLLM extraction server (pid {proc.pid}, its log {self.server.log_path}) is gone")
+
+
+@contextmanager
+def stops_if_it_dies(online, run_dir: Path):
+    """Training whose extraction server died (engine or API process killed, out of memory) stopped, naming the server,
+    its log and last error lines (`Server.death`), and the last good checkpoint, which the same command resumes
+    from: the packs it could not make states for are never a step (`data.Packs.batch` refuses them)."""
+    try:
+        yield
+    except Exception:
+        why = online.server.died() if online is not None and online.server is not None else None
+        if not why:
+            raise
+        from draftlab.training.checkpoint import latest
+
+        died = online.server.death(why, "making the hidden states of training's packs")
+        raise type(died)(
+            f"{died}\nTraining stopped there: no step was taken on a pack without hidden states, none counted or "
+            f"checkpointed. The last good checkpoint is {latest(run_dir)}: run the same command again to resume "
+            "from it (a new extraction server starts)."
+        ) from None
+
 
 @contextmanager
 def state_server(verifier, layer_ids, max_model_len: int, log_path=None, device: str | None = None):

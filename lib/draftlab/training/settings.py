@@ -58,6 +58,8 @@ class Settings:
                 f"the profile key {name}; an evaluation and a checkpoint are always made at the last step, "
                 "so a large interval means 'only at the end'",
             )
+        for name, why in (("ttt_steps", "EAGLE-3 training-time-test steps"), ("n_anchors", "DFlash blocks per pack")):
+            check_count(name, getattr(self, name), 1, f"the profile key {name}: {why}")
         from draftlab.data.extract import SOURCES
 
         if self.hidden_states not in SOURCES:  # data.extract.check_source's rule, kept out of the training calls

@@ -83,7 +83,7 @@ def set_aside(run_dir: Path, state: str, saved: dict, hp: dict) -> str:
 
 
 def on_finish(run_dir: Path) -> None:
-    """The new run has its final/: the runs it set aside go."""
+    """The new run has its final/, and it loads (`final.finish`): the runs it set aside go."""
     for prev in previous(run_dir):
         shutil.rmtree(prev)
 

@@ -29,12 +29,13 @@ from draftlab.layout import RunLayout, dataset_and_folder
 from draftlab.masks.packing import tokens
 from draftlab.training import checkpoint as ckpt
 from draftlab.training.data import Packs, open_eval, open_split, require_states
+from draftlab.training.final import finish
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
 from draftlab.training.loaders import loader_workers
 from draftlab.training.lock import run_lock
-from draftlab.training.online import states_for
+from draftlab.training.online import states_for, stops_if_it_dies
 from draftlab.training.settings import CADENCE, SOURCE, Settings, checked, forward_options, optimizer_and_schedule
-from draftlab.training.start import kept, on_finish, read_metrics, start  # noqa: F401  (read_metrics: for notebooks)
+from draftlab.training.start import kept, read_metrics, start  # noqa: F401  (read_metrics: for notebooks)
 
 
 def run_folder(layout: RunLayout, kind: str) -> Path:
@@ -83,7 +84,8 @@ def train(
     s = checked(settings, "train()")
     data, run_dir = dataset_and_folder(data, run_dir, lambda lay: lay.draft(draft.kind), "train()")
     with run_lock(run_dir), states_for(draft, data, s.hidden_states, run_dir / "vllm-online.log", online) as online:
-        return _train(draft, data, s, run_dir, resume, stop_after, progress, online)
+        with stops_if_it_dies(online, run_dir):  # its server named, with the checkpoint to resume from
+            return _train(draft, data, s, run_dir, resume, stop_after, progress, online)
 
 
 def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, stop_after, progress: bool, online):
@@ -91,10 +93,10 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
 
     options = forward_options(draft.kind, s)
     train_ds = open_split(draft, data / "train", s.pack_len, online)
-    train_packs = Packs(draft, train_ds, s.pack_len, s.seed, s.online_requests)
+    train_packs = Packs(draft, train_ds, s.pack_len, s.seed, s.online_requests, online)
     if online is None:
         require_states(train_packs.ds, data / "train")
-    eval_packs = Packs(draft, open_eval(draft, data / "eval", s.pack_len, online), s.pack_len, 0)
+    eval_packs = Packs(draft, open_eval(draft, data / "eval", s.pack_len, online), s.pack_len, 0, online=online)
     run_dir.mkdir(parents=True, exist_ok=True)
     hp = ckpt.hparams(draft, {k: v for k, v in asdict(s).items() if k not in CADENCE + SOURCE})
     rows = data / "train" / "rows.fingerprint"
@@ -179,8 +181,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
             t0 = time.perf_counter()  # a step's time includes waiting for its pack, not the evaluation before it
     bar.close()
     if step >= s.train_steps:
-        ckpt.write_final(run_dir, draft)
-        on_finish(run_dir)  # the runs it set aside go now, not before
+        finish(run_dir, draft)  # final/ written and read back; only then do the runs it set aside go
     return run_dir
 
 

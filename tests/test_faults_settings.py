@@ -1,0 +1,144 @@
+"""Every setting checked before the first notebook (issue 50): `draftlab run --check` prints the plan and runs nothing,
+and a value a stage would refuse minutes into a run is refused at once, naming the key and the values it takes; a
+profile or `--set` that is not YAML is named with its line and column; stage 01 refuses a draft vocabulary larger
+than its verifier's before any answer."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from draftlab import DraftlabError
+from draftlab.run import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A DRAFTLAB_HOME with the shipped profiles and one notebook per stage that fails if it is ever run."""
+    import json
+
+    from conftest import notebook
+
+    shutil.copytree(ROOT / "notebooks" / "params", tmp_path / "notebooks" / "params")
+    for name in ("01_a", "02_b", "03_c", "04_d", "05_e"):
+        nb = notebook("raise SystemExit('a notebook ran')")
+        (tmp_path / "notebooks" / f"{name}.ipynb").write_text(json.dumps(nb))
+    monkeypatch.setenv("DRAFTLAB_HOME", str(tmp_path))
+    return tmp_path
+
+
+def _check(capsys, *args) -> tuple[int, str, str]:
+    rc = main(["run", "--profile", "ci", "--check", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_check_prints_the_plan_and_runs_nothing(home, tiny_dir, capsys):
+    rc, out, err = _check(capsys, "--run-name", "mine", "--set", f"verifier={tiny_dir}", "--set", "draft_vocab_size=64")
+    assert rc == 0, err
+    assert "profile ci, run 'mine', dataset 'smollm2-ci': D = data/runs/smollm2-ci, O = outputs/mine" in out
+    assert f"verifier {tiny_dir}: {tiny_dir} (8 layers, " in out
+    lines = {line[:2]: line for line in out.splitlines() if line[:2] in ("01", "02", "03", "04", "05")}
+    assert sorted(lines) == ["01", "02", "03", "04", "05"]
+    assert "writes D/prompts.jsonl, D/responses.jsonl, D/train, D/eval, D/config.json, O/01" in lines["01"]
+    assert "writes D/drafts/mine/{eagle3,peagle,dflash,dflash2,dspark,xpress}, O/04" in lines["04"]
+    assert "reads D/prompts.jsonl (bench), D/drafts/mine/{eagle3," in lines["05"] and "served by vLLM" in lines["05"]
+    assert "nothing was run" in out
+    assert not (home / "outputs").exists() and not (home / "data" / "runs").exists(), "nothing written"
+
+
+@pytest.mark.parametrize(
+    "setting, says",
+    [
+        (
+            "draft_kinds=[]",
+            r"draft_kinds=\[\] is refused: draft_kinds takes a list naming each family once.*it is empty",
+        ),
+        ("draft_kinds=[eagle3, dflash, eagle3]", r"takes a list naming each family once.*\(it names 'eagle3' twice\)"),
+        ("draft_kinds=[mtp]", r"at least one of \['eagle3'.*it names no family draftlab trains"),
+        (
+            "dflash_block_size=1",
+            r"dflash_block_size=1 is refused: dflash_block_size takes a whole number of at least 2",
+        ),
+        ("n_anchors=0", r"n_anchors=0 is refused: n_anchors takes a whole number of at least 1 \(DFlash blocks"),
+        ("ttt_steps=0", r"ttt_steps=0 is refused: ttt_steps takes a whole number of at least 1"),
+        ("spec_k=-1", r"spec_k=-1 is refused: spec_k takes a whole number of at least 1"),
+        ("serve_concurrency=[]", r"serve_concurrency=\[\] is refused: .*at least one number of requests in flight"),
+        ("serve_concurrency=[1, -4]", r"serve_concurrency=\[1, -4\] is refused: .* or 0 for every prompt at once"),
+        ("draft_vocab_size=0", r"draft_vocab_size=0 is refused: draft_vocab_size takes a whole number of at least 1"),
+        ("engine=vlm", r"engine='vlm' is refused: engine takes one of \['auto', 'hf', 'vllm'\]"),
+        ("train_steps=0", r"train_steps=0: must be at least 1"),
+    ],
+)
+def test_a_setting_a_stage_would_refuse_is_refused_up_front_naming_the_key_and_its_values(home, capsys, setting, says):
+    import re
+
+    rc, out, err = _check(capsys, "--set", setting)
+    assert rc == 1 and re.search(says, err), err
+    assert "Traceback" not in err and not (home / "outputs").exists()
+
+
+def test_the_same_values_are_refused_in_a_profile_file_and_in_a_notebooks_stage_config(home):
+    from draftlab.config import load_profile, load_stage
+
+    params = home / "notebooks" / "params"
+    (params / "twice.yaml").write_text(
+        (params / "ci.yaml").read_text().replace("dflash_block_size: 8", "dflash_block_size: 0")
+    )
+    with pytest.raises(DraftlabError, match=r"twice.yaml: dflash_block_size=0 is refused"):
+        load_profile("twice")
+    with pytest.raises(DraftlabError, match=r"overrides: serve_concurrency=\[\] is refused"):
+        load_stage("05", "ci", {"serve_concurrency": []})
+
+
+def test_a_profile_or_set_that_is_not_yaml_names_its_line_and_column_without_a_traceback(home, capsys):
+    params = home / "notebooks" / "params"
+    lines = (params / "ci.yaml").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("n_chat:"))
+    lines[at] = "n_chat: [8"
+    (params / "broken.yaml").write_text("\n".join(lines) + "\n")
+    assert main(["run", "--profile", "broken", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert f"broken.yaml, line {at + 2}, column 7: not valid YAML: expected ',' or ']', but got ':'" in err, err
+    assert f"(while parsing a flow sequence, from line {at + 1}, column 9)" in err and "Traceback" not in err
+    rc, _, err = _check(capsys, "--set", "layer_ids=[2, 4")
+    assert rc == 1 and "--set 'layer_ids=[2, 4', line 1, column 6: not valid YAML" in err, err
+
+
+def test_a_learning_rate_written_1e_3_is_the_number_meant(home, capsys):
+    from draftlab.config import load_profile
+    from draftlab.run import parse_overrides
+
+    params = home / "notebooks" / "params"
+    (params / "lr.yaml").write_text(
+        (params / "ci.yaml").read_text().replace("learning_rate: 0.002", "learning_rate: 1e-3")
+    )
+    assert load_profile("lr")["learning_rate"] == 1e-3
+    assert parse_overrides(["learning_rate=2E-4", "learning_rate=5e3"]) == {"learning_rate": 5000.0}
+    assert parse_overrides(["dataset_name=1e3-run"])["dataset_name"] == "1e3-run", "a name stays a string"
+    assert _check(capsys, "--only", "04", "--set", "learning_rate=1e-3")[0] == 0
+
+
+def test_a_draft_vocabulary_past_the_verifiers_is_refused_when_stage_01_starts(home, tiny_dir, capsys):
+    from draftlab.config import start_stage
+    from draftlab.layout import RunLayout
+
+    rc, _, err = _check(capsys, "--set", f"verifier={tiny_dir}", "--set", "draft_vocab_size=100000")
+    assert rc == 1 and f"draft_vocab_size=100000 is refused: the verifier {tiny_dir} has 300 tokens" in err, err
+    assert "draft_vocab_size takes 1 to 300" in err
+    over = {"verifier": str(tiny_dir), "draft_vocab_size": 301}
+    with pytest.raises(DraftlabError, match="draft_vocab_size=301 is refused: .* has 300 tokens"):
+        start_stage("01", "ci", "ci", over)  # notebook 01's second cell: before any prompt is answered
+    assert not RunLayout("smollm2-ci", "ci").resolved_config("01").exists()
+    with pytest.raises(DraftlabError, match=r"aux layer ids \[2, 9\] are invalid for a verifier with 8 layers"):
+        start_stage("01", "ci", "ci", {**over, "draft_vocab_size": 64, "layer_ids": [2, 9]})
+
+
+def test_a_run_without_check_refuses_the_same_before_any_notebook(home, capsys):
+    assert main(["run", "--profile", "ci", "--set", "draft_kinds=[dflash, dflash]"]) == 1
+    assert "it names 'dflash' twice" in capsys.readouterr().err
+    assert not (home / "outputs").exists(), "no notebook started"
