@@ -77,7 +77,7 @@ def engine_s(served_run: dict, verify_1: float) -> float | None:
 K_RANGE = tuple(range(1, 8))  # the chain lengths the model predicts for
 
 
-def model(
+def for_run(
     verifier,
     proposers: dict,
     drafts: dict,
