@@ -172,7 +172,8 @@ def load_prompts(
     for part in ("train", "eval"):
         if not any(p.split == part for p in prompts):
             raise DraftlabError(
-                f"No {part} prompts among {len(prompts)}: raise n_sharegpt/n_chat/n_code or adjust eval_fraction."
+                f"No {part} prompts among {len(prompts)}: raise n_sharegpt/n_chat/n_code (or a `prompts` file's n) "
+                "or adjust eval_fraction."
             )
     return PromptSet(prompts, records)
 
