@@ -36,7 +36,7 @@ def notebooks_dir() -> Path:
 class Base:
     """What every stage reads: which verifier, which stage-01 dataset, where to run, the seed."""
 
-    verifier: str  # 'smollm2' (embedded) or a local HF causal-LM directory
+    verifier: str  # 'smollm2' (embedded), 'gemma3-270m' (make gemma) or a local HF causal-LM directory
     dataset_name: str  # data/runs/<dataset_name>/ (RunLayout)
     device: str  # auto | cpu | cuda
     dtype: str  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16

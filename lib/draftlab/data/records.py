@@ -4,8 +4,8 @@ written by `save_to_disk`, or a folder of such files.
 Each reader yields `(where, record)` in file order, `where` naming the record (a line number, an array index, a
 row), and a `NotJSON` in place of a record that cannot be decoded, so that the caller counts it instead of the
 whole file failing. `datasets.load_dataset("json")` stops a whole file at the first line that is not JSON, so
-JSON lines are decoded here line by line; Parquet goes through pyarrow's batches and a `save_to_disk` folder
-through `datasets.load_from_disk` (memory-mapped), both read a batch at a time.
+JSON lines are decoded here line by line; Parquet goes through `datasets`' streaming reader and a `save_to_disk` folder
+through `datasets.load_from_disk` (memory-mapped), both a batch at a time.
 """
 
 from __future__ import annotations
@@ -109,13 +109,11 @@ def json_array(f: Path) -> Iterator[tuple[str, object]]:
 
 
 def _parquet(f: Path) -> Iterator[tuple[str, object]]:
-    import pyarrow.parquet as pq
+    import datasets
 
-    n = 0
-    for batch in pq.ParquetFile(f).iter_batches(batch_size=BATCH):
-        for rec in batch.to_pylist():
-            yield f"row {n}", rec
-            n += 1
+    stream = datasets.load_dataset("parquet", data_files=str(f), split="train", streaming=True)
+    for n, rec in enumerate(stream):
+        yield f"row {n}", rec
 
 
 def _saved_dataset(folder: Path, split: str | None) -> Iterator[tuple[str, object]]:
