@@ -4,7 +4,7 @@ written by `save_to_disk`, or a folder of such files.
 Each reader yields `(where, record)` in file order, `where` naming the record (a line number, an array index, a
 row), and a `NotJSON` in place of a record that cannot be decoded, so that the caller counts it instead of the
 whole file failing. `datasets.load_dataset("json")` stops a whole file at the first line that is not JSON, so
-JSON lines are decoded here line by line; Parquet goes through `datasets`' streaming reader and a `save_to_disk` folder
+JSON lines are decoded here line by line; Parquet goes through pyarrow's batches and a `save_to_disk` folder
 through `datasets.load_from_disk` (memory-mapped), both a batch at a time.
 """
 
@@ -109,11 +109,15 @@ def json_array(f: Path) -> Iterator[tuple[str, object]]:
 
 
 def _parquet(f: Path) -> Iterator[tuple[str, object]]:
-    import datasets
+    """pyarrow's batches: `datasets`' streaming Parquet reader holds a whole row group (half a gigabyte for a
+    million conversations written by `Dataset.to_parquet`), pyarrow a batch (BENCHMARKS)."""
+    import pyarrow.parquet as pq
 
-    stream = datasets.load_dataset("parquet", data_files=str(f), split="train", streaming=True)
-    for n, rec in enumerate(stream):
-        yield f"row {n}", rec
+    n = 0
+    for batch in pq.ParquetFile(f).iter_batches(batch_size=BATCH):
+        for rec in batch.to_pylist():
+            yield f"row {n}", rec
+            n += 1
 
 
 def _saved_dataset(folder: Path, split: str | None) -> Iterator[tuple[str, object]]:
