@@ -14,30 +14,30 @@ import torch
 from draftlab import DraftlabError
 from draftlab.data import gemma
 
+from families import FAMILIES
+
 WORDS = ["hello", "how", "are", "you", "the", "capital", "of", "france", "def", "add", "return", "print", "fine"]
 TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", *(f"<0x{b:02X}>" for b in range(256))]
 TOKENS += [*("▁" + w for w in WORDS), *"abcdefghijklmnopqrstuvwxyz", "\n", "\n\n", "▁"]
 
 
-def _tiny_gemma():
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+class _Vocab:
+    """What the family matrix's config reads of a tokenizer: this GGUF vocabulary's size and special ids."""
 
+    eos_token_id, bos_token_id, pad_token_id = 1, 2, 0
+
+    def __len__(self) -> int:
+        return len(TOKENS)
+
+
+def _tiny_gemma():
+    """The family matrix's tiny random Gemma-3 (tests/families.py), as transformers reads a Gemma-3 GGUF back:
+    query_pre_attn_scalar 256 (the real 270M's too), sliding and global layers as Gemma 3's pattern sets them."""
+    from transformers import Gemma3ForCausalLM
+
+    cfg = FAMILIES["gemma3"].config(_Vocab())
+    cfg.query_pre_attn_scalar, cfg.rms_norm_eps = 256, 1e-6
     torch.manual_seed(0)
-    cfg = Gemma3TextConfig(
-        vocab_size=len(TOKENS),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=32,
-        sliding_window=8,
-        max_position_embeddings=512,
-        query_pre_attn_scalar=256,  # what transformers reads a Gemma-3 GGUF with (the real 270M's too)
-        bos_token_id=2,
-        eos_token_id=1,
-        pad_token_id=0,
-    )
     model = Gemma3ForCausalLM(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -50,18 +50,20 @@ def _write_gguf(model, path) -> None:
     """The model as llama.cpp's converter writes a Gemma-3 GGUF: its tensor names, norm weights as 1 + w."""
     import gguf
 
+    c = model.config
     w = gguf.GGUFWriter(str(path), "gemma3")
     w.add_name("tiny gemma3")
-    for add, value in (("context_length", 512), ("embedding_length", 64), ("block_count", 3)):
-        getattr(w, f"add_{add}")(value)
-    w.add_feed_forward_length(128)
-    w.add_head_count(4)
-    w.add_head_count_kv(1)
-    w.add_key_length(32)
-    w.add_value_length(32)
-    w.add_layer_norm_rms_eps(1e-6)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(1e6)
-    w.add_sliding_window(8)
+    w.add_sliding_window(c.sliding_window)
     w.add_tokenizer_model("llama")
     w.add_token_list(TOKENS)
     w.add_token_scores([0.0] * 261 + [-float(i) for i in range(len(TOKENS) - 261)])
@@ -70,7 +72,7 @@ def _write_gguf(model, path) -> None:
     w.add_eos_token_id(1)
     w.add_unk_token_id(3)
     w.add_pad_token_id(0)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, 3)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, c.num_hidden_layers)
     for name, p in model.state_dict().items():
         if name != "lm_head.weight":  # tied to the embeddings
             arr = p.numpy().astype(np.float32)
