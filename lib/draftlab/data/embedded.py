@@ -46,15 +46,25 @@ def convert_embedded(dest: Path | None = None, parse_once: bool = True) -> Path:
 
     parse_once=False leaves transformers to re-read the file at each step (benchmarks/bench_convert.py)."""
     dest = Path(dest or data_dir() / "verifiers" / EMBEDDED_NAME)
+    return converted(dest) or convert_gguf(embedded_gguf(), dest, parse_once)
+
+
+def converted(dest: Path) -> Path | None:
+    """`dest` where a conversion finished there and its weights read whole; None (a cut one removed) otherwise."""
     if (dest / "config.json").exists() and (dest / "model.safetensors").exists():
         fault = safetensors_fault(dest / "model.safetensors")
         if fault is None:
             return dest
         warnings.warn(f"{dest / 'model.safetensors'} cannot be read ({fault}): converting again.", stacklevel=2)
         shutil.rmtree(dest, ignore_errors=True)  # a copy of the GGUF's weights, nothing else: made again below
+    return None
+
+
+def convert_gguf(gguf: Path, dest: Path, parse_once: bool = True, finish=None) -> Path:
+    """A GGUF de-quantised through transformers into `dest` (config, safetensors, tokenizer), published whole;
+    `finish(model, tokenizer)` completes what the GGUF lacks before the save (`data/gemma.py`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = embedded_gguf()
     t0 = time.perf_counter()
     print(f"Converting {gguf.name} to safetensors under {dest} (once) ...")
     with _gguf_parsed_once() if parse_once else contextlib.nullcontext():
@@ -64,6 +74,8 @@ def convert_embedded(dest: Path | None = None, parse_once: bool = True) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
+    if finish is not None:
+        finish(model, tok)
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.partial-"))  # this process's own
     model.save_pretrained(partial)

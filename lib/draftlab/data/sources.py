@@ -12,7 +12,6 @@ import functools
 import gzip
 import importlib.util
 import json
-import re
 from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
@@ -20,18 +19,21 @@ from typing import NamedTuple
 import yaml
 
 from draftlab import DraftlabError
+from draftlab.data.records import NotJSON, json_array
 
 CODE_TEMPLATE = "Complete the following Python function.\n\n```python\n{prompt}```"
 
 
 class Text(NamedTuple):
     """One prompt as its source gives it. `context` is the conversation before `text` (user and assistant
-    turns alternating, a user turn first; empty for a first turn): a later ShareGPT turn means nothing alone."""
+    turns alternating, a user turn first; empty for a first turn): a later ShareGPT turn means nothing alone.
+    `system` is a system turn before them all (a user's own conversations may open with one)."""
 
     id: str
     text: str
     group: str
     context: tuple[str, ...] = ()
+    system: str = ""
 
     @property
     def opening(self) -> str:
@@ -42,7 +44,7 @@ class Text(NamedTuple):
     @property
     def chars(self) -> int:
         """The characters the verifier reads: the turns before `text` count, as their tokens do."""
-        return len(self.text) + sum(map(len, self.context))
+        return len(self.system) + len(self.text) + sum(map(len, self.context))
 
 
 def _package_dir(name: str, pip_name: str) -> Path:
@@ -84,28 +86,14 @@ def code_texts() -> list[Text]:
     ]
 
 
-_BETWEEN_RECORDS = re.compile(r"[\s,]*")
-
-
 def read_json_records(path: Path) -> tuple[list, bool]:
-    """The complete records of a JSON array, decoded one by one; (records, whether the file ends in a
-    cut record). The bundled ShareGPT file is truncated mid-record, so `json.load` cannot read it. Bytes
-    that are not UTF-8 are kept as lone surrogates (`surrogateescape`), for `is_text` to drop the records
+    """The complete records of a JSON array, decoded one by one (`records.json_array`); (records, whether the
+    file ends in a cut record). The bundled ShareGPT file is truncated mid-record, so `json.load` cannot read it.
+    Bytes that are not UTF-8 are kept as lone surrogates (`surrogateescape`), for `is_text` to drop the records
     whose text holds them: one bad byte does not stop the whole file."""
-    text = Path(path).read_text(encoding="utf-8", errors="surrogateescape")
-    start = text.find("[")
-    if start < 0:
-        raise DraftlabError(f"{path} is not a JSON array of records.")
-    dec, pos, out = json.JSONDecoder(), start + 1, []
-    while True:
-        pos = _BETWEEN_RECORDS.match(text, pos).end()
-        if pos >= len(text) or text[pos] == "]":
-            return out, False
-        try:
-            rec, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return out, True
-        out.append(rec)
+    out = [rec for _, rec in json_array(Path(path))]
+    cut = bool(out) and isinstance(out[-1], NotJSON)
+    return out[:-1] if cut else out, cut
 
 
 def is_text(value: str) -> bool:
@@ -118,26 +106,38 @@ def is_text(value: str) -> bool:
     return True
 
 
-def later_turns(conversation: list, max_chars: int) -> tuple[list[tuple[tuple[str, ...], str]], Counter]:
-    """(context, text) for each human turn after the first of a ShareGPT conversation opened by a human turn,
-    with the turns before it (the dataset's own assistant replies among them), and the later human turns
-    left out, by reason. The conversation is read while it alternates human and gpt turns of text: past a
-    turn out of that order (a system or bing turn, two human turns running) or one without text, what
-    follows is no longer the chat a template renders. A turn is kept while the conversation up to it holds
-    at most max_chars characters (`Text.chars`), the limit a first turn meets alone."""
+def sharegpt_turn(turn) -> tuple[object, str | None]:
+    """(role: user / assistant for ShareGPT's human / gpt, None for any other speaker; the text, stripped, or
+    None where it is not text) of one ShareGPT turn."""
+    speaker, value = (turn.get("from"), turn.get("value")) if isinstance(turn, dict) else (None, None)
+    text = value.strip() if isinstance(value, str) and is_text(value) else None
+    return {"human": "user", "gpt": "assistant"}.get(speaker), text
+
+
+def later_turns(
+    conversation: list, max_chars: int, read_turn=sharegpt_turn, before: int = 0, order: str = "human / gpt"
+) -> tuple[list[tuple[tuple[str, ...], str]], Counter]:
+    """(context, text) for each user turn after the first of a conversation opened by a user turn, with the
+    turns before it (the dataset's own assistant replies among them), and the later user turns left out, by
+    reason. The conversation is read while it alternates user and assistant turns of text (`read_turn` gives
+    each turn's role and text): past a turn out of that order (a system or bing turn, two user turns running)
+    or one without text, what follows is no longer the chat a template renders. A turn is kept while the
+    conversation up to it, with `before` characters ahead of it (a system turn), holds at most max_chars
+    characters (`Text.chars`), the limit a first turn meets alone."""
     said: list[str] = []
     for i, turn in enumerate(conversation):
-        speaker, value = (turn.get("from"), turn.get("value")) if isinstance(turn, dict) else (None, None)
-        if speaker != ("human", "gpt")[i % 2] or not isinstance(value, str) or not is_text(value) or not value.strip():
+        role, text = read_turn(turn)
+        if role != ("user", "assistant")[i % 2] or not text:
             break
-        said.append(value.strip())
-    out = [(tuple(said[:j]), said[j]) for j in range(2, len(said), 2) if sum(map(len, said[: j + 1])) <= max_chars]
-    read = len(said[2::2])  # the later human turns before any break
-    humans = sum(isinstance(t, dict) and t.get("from") == "human" for t in conversation) - 1
+        said.append(text)
+    limit = max_chars - before
+    out = [(tuple(said[:j]), said[j]) for j in range(2, len(said), 2) if sum(map(len, said[: j + 1])) <= limit]
+    read = len(said[2::2])  # the later user turns before any break
+    users = sum(read_turn(t)[0] == "user" for t in conversation) - 1
     left = Counter(
         {
             f"later turns dropped: over {max_chars} characters with the turns before them": read - len(out),
-            "later turns dropped: after a turn out of human / gpt order or without text": humans - read,
+            f"later turns dropped: after a turn out of {order} order or without text": users - read,
         }
     )
     return out, +left

@@ -15,6 +15,7 @@ from pathlib import Path
 from draftlab import DraftlabError
 from draftlab.config import data_dir
 from draftlab.data.embedded import EMBEDDED, convert_embedded
+from draftlab.data.gemma import GEMMA, convert_gemma
 from draftlab.data.manifest import write_atomic
 from draftlab.files import read_cache, safetensors_fault
 
@@ -34,14 +35,18 @@ ENCODER_SUFFIXES = (
 
 
 def resolve_verifier(spec: str | Path | None) -> Path:
-    """'smollm2' (the default) or a local HF causal-LM directory; checked before any load."""
+    """'smollm2' (the default), 'gemma3-270m' (optional: `make gemma`) or a local HF causal-LM directory; checked
+    before any load."""
     if spec is None or str(spec).lower() in (EMBEDDED, "embedded", "default"):
         return convert_embedded()
+    if str(spec).lower() == GEMMA:
+        return convert_gemma()
     path = Path(spec).expanduser()
     if not path.is_dir():
         raise DraftlabError(
-            f"verifier={str(spec)!r} is not a directory. Pass 'smollm2' for the embedded default "
-            "or a local HF causal-LM directory holding config.json and *.safetensors."
+            f"verifier={str(spec)!r} is not a directory. Pass 'smollm2' for the embedded default, "
+            f"{GEMMA!r} for Gemma 3 270M (`make gemma`), or a local HF causal-LM directory holding config.json "
+            "and *.safetensors."
         )
     if not (path / "config.json").exists():
         raise DraftlabError(f"verifier directory {path} has no config.json; save the model with save_pretrained().")
