@@ -64,3 +64,28 @@ def test_a_block_drafter_pays_one_pass_a_step_whatever_k():
     block = costs.Costs(v, draft_s=0.001, engine_s=0.0005, chain=False)
     assert block.step_s(1) == block.step_s(7) == pytest.approx(0.0055)
     assert costs.Costs(v, draft_s=0.001, engine_s=0.0005).step_s(7) == pytest.approx(0.0115)
+
+
+def test_a_family_the_served_section_could_not_serve_is_reported_not_served_again(monkeypatch):
+    """notebook 05 (CI, 2026-12-05): a DFlash-2 draft vLLM refuses became a server start, and the refusal the notebook's
+    failure. Now its served-section error is its row, and no server is started for it at that k."""
+    from draftlab.acceptance import speedup
+    from draftlab.serving import server
+
+    def no_server(*a, **kw):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(server, "Server", no_server)
+    outputs = [{"tokens": 10, "seconds": 1.0}]
+    served_run = {
+        "available": True,
+        "k": 5,
+        "runs": {
+            "verifier alone": {"concurrency": 1, "outputs": outputs},
+            "dflash2": {"error": "a 'dflash2' checkpoint, which vLLM does not serve"},
+        },
+    }
+    model = {"rows": {"dflash2": [{"k": 5, "predicted speed-up": 0.9}]}, "best_k": {"dflash2": 5}}
+    got = speedup.measured_for_model(None, {"dflash2": "/nowhere"}, model, [], 8, "/tmp", served_run)
+    assert got == {"dflash2": [{"k": 5, "error": "a 'dflash2' checkpoint, which vLLM does not serve"}]}
+    assert speedup.against_model(got, model)[0]["note"].startswith("a 'dflash2' checkpoint")

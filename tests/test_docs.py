@@ -23,6 +23,7 @@ import pytest
 from draftlab import DraftlabError
 from draftlab import run as cli
 from draftlab.config import check_values, load_profile
+from draftlab.profile import refuse_unread
 
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "lib"
@@ -272,7 +273,7 @@ def check_draftlab(argv: list[str], parser: argparse.ArgumentParser) -> str | No
         overrides = cli.parse_overrides(args.overrides)
         check_values(overrides, "--set")
         stages = [p.name[:2] for p in cli.notebooks(args.only.split(",") if args.only else None)]
-        cli.refuse_unread(overrides, stages)
+        refuse_unread(overrides, stages)
     except DraftlabError as e:
         return str(e)
     return None

@@ -142,3 +142,14 @@ def test_a_run_without_check_refuses_the_same_before_any_notebook(home, capsys):
     assert main(["run", "--profile", "ci", "--set", "draft_kinds=[dflash, dflash]"]) == 1
     assert "it names 'dflash' twice" in capsys.readouterr().err
     assert not (home / "outputs").exists(), "no notebook started"
+
+
+def test_check_names_the_users_prompt_files_and_refuses_a_missing_one(home, tiny_dir, tmp_path, capsys):
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"messages": [{"role": "user", "content": "Hello?"}]}\n')
+    ok = _check(capsys, "--set", f"verifier={tiny_dir}", "--set", "draft_vocab_size=64", "--set", f"prompts=[{mine}]")
+    assert ok[0] == 0, ok[2]
+    assert f"HumanEval 8, mine (every from {mine}) prompts" in ok[1], ok[1]
+    rc, _, err = _check(capsys, "--set", f"prompts=[{tmp_path / 'gone.jsonl'}]")
+    assert rc == 1 and "prompts: '" in err and "gone.jsonl' does not exist" in err and "fix the path" in err, err
+    assert "Traceback" not in err and not (home / "outputs").exists()

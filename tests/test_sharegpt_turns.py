@@ -180,6 +180,7 @@ def test_a_bad_sharegpt_turns_is_refused_naming_the_key_the_value_and_the_choice
         "ci": "first",
         "default": "first",
         "gpu": "all",
+        "gemma": "first",
     }
     assert load_stage("01", "ci", {"sharegpt_turns": "all"}).sharegpt_turns == "all"
     wanted = r"sharegpt_turns='later' is a str, but the stages expect one of \['first', 'all'\]"

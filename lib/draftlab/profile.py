@@ -204,7 +204,10 @@ def _paths(stage: str, cfg, layout) -> tuple[str, str]:
     run = _rel(layout, layout.drafts)
     out = _rel(layout, layout.stage(stage))
     if stage == "01":
-        reads = f"the verifier; ShareGPT {cfg.n_sharegpt}, chatterbot {cfg.n_chat}, HumanEval {cfg.n_code} prompts"
+        from draftlab.data.user_prompts import prompt_files
+
+        own = "".join(f", {f.name} ({f.n or 'every'} from {f.path})" for f in prompt_files(cfg.prompts))
+        reads = f"the verifier; ShareGPT {cfg.n_sharegpt}, chatterbot {cfg.n_chat}, HumanEval {cfg.n_code}{own} prompts"
         return reads, f"D/prompts.jsonl, D/responses.jsonl, D/train, D/eval, D/config.json, {out}"
     if stage in ("02", "03"):
         return "D/train (rows, hidden states, the draft vocabulary)", out

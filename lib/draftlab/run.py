@@ -16,7 +16,7 @@ from draftlab.layout import RunLayout
 from draftlab.progress import HEADLESS_ENV
 from draftlab.writes import writable_folder
 
-PROFILES = ("ci", "default", "gpu")  # the profiles notebooks/params/ ships
+PROFILES = ("ci", "default", "gpu", "gemma")  # the profiles notebooks/params/ ships
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:

@@ -66,8 +66,10 @@ def served_at_k(
             "k": k,
             "error": "the served section measured no workload one request in flight (serve_concurrency[0] must be 1)",
         }
-    if k == served_run["k"] and "outputs" in runs.get(kind, {}):
-        run = runs[kind]
+    if k == served_run["k"]:  # the served section's own run; one it could not serve is not tried again
+        run = runs.get(kind) or {}
+        if "outputs" not in run:
+            return {"k": k, "error": str(run.get("error") or "not served by vLLM in the served section")}
     else:
         gpu = (
             cuda_share(verifier.device, 1, weights_bytes(verifier.path, draft_dir))
