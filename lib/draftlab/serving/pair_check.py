@@ -101,3 +101,11 @@ def speculative_config(verifier_dir, draft_dir, k: int) -> tuple[dict, dict]:
         **dict(FAMILIES[cfg["speculators_model_type"]].vllm_options),
     }
     return cfg, spec
+
+
+def fitting_model_len(verifier_dir, wanted: int = 2048) -> int:
+    """`wanted` positions, or fewer where the verifier has fewer (its max_position_embeddings): vLLM refuses a
+    max_model_len past the model's at start ("User-specified max_model_len ... is greater than the derived")."""
+    cfg = json.loads((Path(verifier_dir) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    return min(wanted, int(cfg.get("max_position_embeddings") or wanted))

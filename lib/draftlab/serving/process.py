@@ -173,6 +173,8 @@ def serve_forever(
         copy.join(timeout=10)
     why = logs.gone(code, proc.pid, log_path)
     what = f"the vLLM server of draft {draft_dir} (port {port})"
+    # /health is asked every 2 s: a death between its first 200 and the next ask is told by the log's own line
+    answered = answered or "Application startup complete" in log_path.read_text(errors="replace")
     raise logs.ServerDied(logs.death(what, why, "serving" if answered else "starting", log_path))
 
 

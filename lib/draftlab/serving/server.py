@@ -24,7 +24,7 @@ from draftlab import DraftlabError
 from draftlab.serving import logs
 from draftlab.serving.command import SERVED_NAME, serve_args, server_env, unavailable
 from draftlab.serving.logs import ServerDied  # noqa: F401  (what every path raises for a server that died)
-from draftlab.serving.pair_check import speculative_config
+from draftlab.serving.pair_check import fitting_model_len, speculative_config
 from draftlab.serving.process import die_with_parent, free_port, positive_env, stop_group
 
 STARTUP_TIMEOUT_ENV = "DRAFTLAB_VLLM_STARTUP_TIMEOUT"  # seconds a server may take to answer /health
@@ -47,7 +47,7 @@ class Server:
         k: int = 5,
         dtype: str = "float32",
         device: str = "cpu",
-        max_model_len: int = 2048,
+        max_model_len: int | None = None,  # None: 2048, or the verifier's positions if fewer
         log_path=None,
         startup_timeout: float | None = None,
         seed: int = 0,
@@ -65,12 +65,13 @@ class Server:
             (None, spec) if draft_dir is None else speculative_config(verifier_dir, draft_dir, k)
         )
         self.verifier_dir, self.draft_dir, self.k, self.dtype = Path(verifier_dir), draft_dir, k, dtype
-        self.port, self.max_model_len = free_port(), max_model_len
+        self.port, self.max_model_len = free_port(), max_model_len or fitting_model_len(verifier_dir)
         self.startup_timeout = startup_timeout or default_startup_timeout()
         self.log_path = (
             Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="draftlab-vllm-", suffix=".log")[1])
         )
-        cmd = serve_args(self.verifier_dir, self.port, dtype, device, max_model_len, seed, self.spec, gpu, per_request)
+        length = self.max_model_len
+        cmd = serve_args(self.verifier_dir, self.port, dtype, device, length, seed, self.spec, gpu, per_request)
         self.command, self.proc, self.startup_s = cmd + list(extra_args), None, None
         self.extra_env = dict(extra_env or {})
 
