@@ -65,23 +65,20 @@ def new_shape(name: str, t: torch.Tensor, p: Plan) -> tuple[tuple[int, ...], str
         p.num_key_value_heads * p.head_dim,
         p.intermediate_size,
     )
+    projections = {  # name: (rows, columns, fill of the new entries); a bias is filled as its weight
+        "q_proj": (q, h, "random"),
+        "k_proj": (kv, h, "random"),
+        "v_proj": (kv, h, "random"),
+        "o_proj": (h, q, "zero"),
+        "gate_proj": (inter, h, "random"),
+        "up_proj": (inter, h, "random"),
+        "down_proj": (h, inter, "zero"),
+    }
     rules = {  # suffix: (shape, fill)
         "embed_tokens.weight": ((t.shape[0], h), "zero"),
         "lm_head.weight": ((t.shape[0], h), "zero"),  # zero: a draft's frozen rows of it must equal it
-        "q_proj.weight": ((q, h), "random"),
-        "q_proj.bias": ((q,), "random"),
-        "k_proj.weight": ((kv, h), "random"),
-        "k_proj.bias": ((kv,), "random"),
-        "v_proj.weight": ((kv, h), "random"),
-        "v_proj.bias": ((kv,), "random"),
-        "o_proj.weight": ((h, q), "zero"),
-        "o_proj.bias": ((h,), "zero"),
-        "gate_proj.weight": ((inter, h), "random"),
-        "gate_proj.bias": ((inter,), "random"),
-        "up_proj.weight": ((inter, h), "random"),
-        "up_proj.bias": ((inter,), "random"),
-        "down_proj.weight": ((h, inter), "zero"),
-        "down_proj.bias": ((h,), "zero"),
+        **{f"{n}.weight": ((rows, cols), fill) for n, (rows, cols, fill) in projections.items()},
+        **{f"{n}.bias": ((rows,), fill) for n, (rows, _, fill) in projections.items()},
     }
     if name.endswith("norm.weight"):
         return (h,), "norm"
