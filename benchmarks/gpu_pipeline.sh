@@ -28,9 +28,14 @@
 #                       TRAINED=1 `served`: 01 again (~140 s) and each 05 (~300 s) -> the served tau.
 #   speedup    issue 48: SmolLM2 and its expansion to Llama-3.1-8B's shape (data.expand) served with a trained EAGLE-3
 #              (widened: drafts.expand) at KS (5,2,3,1,7), the reference shape with random weights for the cost check,
-#              the weight GEMMs timed for the cost model (benchmarks/bench_speedup.py). Here first:
+#              the weight GEMMs timed for the cost model (benchmarks/bench_speedup.py; REFERENCE=0 leaves the
+#              reference out). Here first:
 #              `bash benchmarks/gpu_pipeline.sh pack-draft DATASET RUN` (a trained EAGLE-3 and the bench prompts
-#              into .draft/); call 2 carries it.
+#              into .draft/); call 2 carries it. TRAIN=1: the EAGLE-3 trained in the same lease instead (01 and 04
+#              of PROFILE with TRAIN_SETS, by default the recipe that fits beside the servers: first turns, one
+#              sampled answer, states on disk, 1500 steps; the stand-in written while 04 trains); `ckpt-back` then
+#              brings that draft and its prompts back as draft.tar.xz.part-* (`cat draft.tar.xz.part-* | tar xJf -`
+#              here makes .draft/ of them, for a later lease's `speedup` without TRAIN).
 #   torchrun   issue 21: draftlab's loop beside the torchrun command it writes (speculators' trainer), the same steps.
 #   run NBS    the notebooks NBS (e.g. 01,04) of PROFILE (gpu).
 # Jobs of closed issues (h200, online, online-gpu, families-cuda, turns, sharegpt, curve) are in this script at
@@ -154,7 +159,7 @@ served_files() {
   find "outputs/${PROFILE:-gpu}" "outputs/${PROFILE:-gpu}-dflash" -type f -size -2M
   ${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" metrics.jsonl
 }
-speedup_files() { find /tmp/speedup -type f -size -4M; }
+speedup_files() { find /tmp/speedup -type f -size -4M; [ "${TRAIN:-0}" = 1 ] && run_files; }
 run_files() {
   find "outputs/${PROFILE:-gpu}" -type f -size -2M; ${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" metrics.jsonl
 }
@@ -218,7 +223,7 @@ ckpt-back)
     touch /tmp/ckpt-out/.packed
   fi
   n=0
-  for f in /tmp/ckpt-out/ckpt-*; do
+  for f in /tmp/ckpt-out/*; do
     [ -f "$f" ] || continue
     [ "$n" -lt 4 ] || { echo "more parts: call ckpt-back again within 30 s"; exit 3; }
     mv "$f" "$out/" && n=$((n + 1)) && echo "back: $(basename "$f")"
@@ -262,13 +267,29 @@ served-job)
 speedup-job)
   install_once; vllm_install; wait_convert
   set -x
-  d="${DRAFT:-/tmp/draft}"; ds=$(cat "$d/dataset"); rm -rf /tmp/speedup; mkdir -p /tmp/speedup "data/runs/$ds"
+  py="${PY:-python3}"; p="${PROFILE:-gpu}"; d="${DRAFT:-/tmp/draft}"
+  if [ "${TRAIN:-0}" = 1 ]; then  # 01 and EAGLE-3's 04 here, the stand-in written meanwhile (expand reuses it)
+    # shellcheck disable=SC2206
+    sets=(${TRAIN_SETS:---set sharegpt_turns=first --set extra_samples=1 --set hidden_states=offline --set train_steps=1500})
+    $py -c "import sys, torch; from draftlab.data.expand import expand; expand('smollm2', sys.argv[1], dtype=getattr(torch, sys.argv[2]), \
+device=sys.argv[3])" "${LIKE:-8b}" "${DTYPE:-bfloat16}" "${DEVICE:-cuda}" > /tmp/speedup-expand.log 2>&1 & ex=$!
+    $py -m draftlab run --profile "$p" --only 01,04 --set "draft_kinds=[eagle3]" "${sets[@]}" > /tmp/speedup-0104.log 2>&1 \
+      || { tail -c 3000 /tmp/speedup-0104.log; exit 1; }
+    wait "$ex" || echo "the stand-in is written by the benchmark instead: $(tail -n 3 /tmp/speedup-expand.log)"
+    ds=$($py -c "import sys; from draftlab.config import load_profile; print(load_profile(sys.argv[1])['dataset_name'])" "$p")
+    rm -rf "$d" /tmp/ckpt-out && mkdir -p "$d" /tmp/ckpt-out && echo "$ds" > "$d/dataset"
+    $py benchmarks/bench_speedup.py slim "$(draft_dir "$ds" "$p" eagle3)/final" "$d/eagle3"
+    cp "$($py -c "import sys; from draftlab.layout import RunLayout; print(RunLayout(sys.argv[1], '').prompts)" "$ds")" "$d/"
+    tar cf - -C "$d" --transform 's,^\.,.draft,' . | xz -T0 -1 | split -b 15000000 - /tmp/ckpt-out/draft.tar.xz.part-
+    touch /tmp/ckpt-out/.packed
+  fi
+  ds=$(cat "$d/dataset"); rm -rf /tmp/speedup; mkdir -p /tmp/speedup "data/runs/$ds"
   cp -n "$d/prompts.jsonl" "data/runs/$ds/" || true
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader || true
   # shellcheck disable=SC2086  # SETS: further arguments of bench_speedup.py
-  ${PY:-python3} benchmarks/bench_speedup.py --like "${LIKE:-8b}" --draft eagle3="$d/eagle3" --ks "${KS:-5,2,3,1,7}" \
+  $py benchmarks/bench_speedup.py --like "${LIKE:-8b}" --draft eagle3="$d/eagle3" --ks "${KS:-5,2,3,1,7}" \
     --prompts-from "$ds" --prompts "${PROMPTS:-16}" --max-tokens "${TOKENS:-128}" --device "${DEVICE:-cuda}" \
-    --dtype "${DTYPE:-bfloat16}" --reference --out /tmp/speedup/speedup.json ${SETS:-} > /tmp/speedup-bench.log 2>&1 \
+    --dtype "${DTYPE:-bfloat16}" $([ "${REFERENCE:-1}" = 1 ] && echo --reference) --out /tmp/speedup/speedup.json ${SETS:-} > /tmp/speedup-bench.log 2>&1 \
     || { tail -c 3000 /tmp/speedup-bench.log; exit 1; } ;;
 run-job)
   install_once; vllm_install; wait_convert
