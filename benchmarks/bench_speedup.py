@@ -360,20 +360,26 @@ def one_in_flight(result: dict, name: str) -> tuple[float, float | None]:
     return 1 / (sum(lv["tokens_per_s"]) / len(lv["tokens_per_s"])), (lv["metrics"] or {}).get("tau")
 
 
-def host_line(result: dict, variant: str, kind: str) -> tuple[float, float]:
-    """The engine's host work per speculative step, c0 + k * c1, fitted (least squares) to a verifier's measured steps
-    (tau over tokens/s, one in flight) at every k it was served at: on a GPU a small verifier's step is the host's."""
+def host_line(results: list[dict], variant: str, kind: str) -> tuple[tuple[float, float], float]:
+    """The engine's work per speculative step, c0 + k * c1 (host work, overlapped with the device's) plus c2 per
+    token accepted past the first (not overlapped), fitted by least squares to a verifier's measured steps (tau over
+    tokens/s, one in flight) at every k it was served at, over every result given: on a GPU a small verifier's step
+    is the engine's. c2 is fitted where the steps' taus differ by 0.5 or more, else 0."""
     import numpy as np
 
     pts = []
-    for name in result["servers"]:
-        m = re.fullmatch(rf"{re.escape(variant)} {kind} k(\d+)", name)
-        if m and "error" not in result["servers"][name]:
-            sec, tau = one_in_flight(result, name)
-            pts.append((int(m.group(1)), tau * sec))
-    k, step = np.array(pts, dtype=float).T
-    c1, c0 = np.polyfit(k, step, 1)
-    return float(c0), float(c1)
+    for result in results:
+        for name in result["servers"]:
+            m = re.fullmatch(rf"{re.escape(variant)} {kind} k(\d+)", name)
+            if m and "error" not in result["servers"][name]:
+                sec, tau = one_in_flight(result, name)
+                pts.append((int(m.group(1)), tau, tau * sec))
+    k, tau, step = np.array(pts, dtype=float).T
+    cols = [np.ones_like(k)] + ([k] if len(set(k)) > 1 else []) + ([tau - 1] if np.ptp(tau) >= 0.5 else [])
+    coef = np.linalg.lstsq(np.stack(cols, 1), step, rcond=None)[0]
+    c1 = float(coef[1]) if len(set(k)) > 1 else 0.0
+    c2 = float(coef[-1]) if np.ptp(tau) >= 0.5 else 0.0
+    return (float(coef[0]), c1), c2
 
 
 def near_ties(result: dict, like: str) -> dict:
@@ -391,14 +397,14 @@ def near_ties(result: dict, like: str) -> dict:
     }
 
 
-def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3") -> list[dict]:
+def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3", pool: list[dict] = ()) -> list[dict]:
     """The cost model against every measured speed-up at one request in flight. Each stand-in is predicted from its
     weight GEMMs (V, D), its own plain token (E) and the original verifier's served tau at the same k (the same
     function, so the same text and acceptance); the engine's host line comes from the `calibrate` verifier's own
     speculative runs, so no speculative run of a stand-in enters its prediction. The calibrating verifier's rows are
-    a fit."""
+    a fit. `pool`: other results of the same machine whose calibrating runs join the fit."""
     servers, rows = result["servers"], []
-    host = host_line(result, calibrate, kind)
+    host, per_token = host_line([result, *pool], calibrate, kind)
     for name in servers:
         m = re.fullmatch(rf"(\S+) {kind} k(\d+)", name)
         if not m or "error" in servers[name] or f"{m.group(1)} alone" not in servers:
@@ -407,7 +413,7 @@ def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3")
         c = result["costs"][v]
         plain = one_in_flight(result, f"{v} alone")[0]
         ver = {int(x): t for x, t in c["verify_s"].items()}
-        model = costs.Costs(ver, c["draft_s"][kind], plain - ver[1], host)
+        model = costs.Costs(ver, c["draft_s"][kind], plain - ver[1], host, per_token)
         sec, tau = one_in_flight(result, name)
         tau_from = f"{calibrate} {kind} k{k}" if f"{calibrate} {kind} k{k}" in servers else name
         pred = costs.predict({k: one_in_flight(result, tau_from)[1]}, model)[0]
@@ -422,9 +428,10 @@ def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3")
                 "V(k+1) ms": ver[k + 1] * 1e3,
                 "draft ms": c["draft_s"][kind] * 1e3,
                 "engine ms": (plain - ver[1]) * 1e3,
-                "host ms": (host[0] + k * host[1]) * 1e3,
+                "host ms": model.host_step_s(k) * 1e3,
+                "per accepted token ms": per_token * 1e3,
                 "step ms (measured)": tau * sec * 1e3,
-                "step ms (model)": model.step_s(k) * 1e3,
+                "step ms (model)": model.step_s(k, pred["tau"]) * 1e3,
                 "predicted": pred["predicted speed-up"],
                 "measured": measured,
                 "error": pred["predicted speed-up"] / measured - 1,
@@ -469,16 +476,18 @@ def checks(result: dict, like: str, base: str = "original") -> dict:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "slim":  # slim DRAFT_DIR OUT_DIR
         slim(Path(sys.argv[2]), Path(sys.argv[3]))
-    elif len(sys.argv) > 1 and sys.argv[1] == "analyse":  # analyse RESULT.json: the checks and the model's predictions
-        res = json.loads(Path(sys.argv[2]).read_text())
+    elif len(sys.argv) > 1 and sys.argv[1] == "analyse":  # analyse RESULT.json [MORE.json of the same machine kind]
+        res, *pool = (json.loads(Path(f).read_text()) for f in sys.argv[2:])  # the checks, the model's predictions
         print_table(res["table"])
         for like in res["args"]["like"]:
             found = {**checks(res, like), **near_ties(res, like)}
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in found.items()}, indent=1))
-        rows = predictions(res)
+        rows = predictions(res, pool=pool)
         keys = [
             "server",
             "vLLM tau",
+            "host ms",
+            "per accepted token ms",
             "step ms (measured)",
             "step ms (model)",
             "predicted",

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from draftlab.acceptance import costs, speedup
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_model_is_the_formula_and_picks_the_k_where_drafting_stops_paying():
@@ -59,6 +63,21 @@ def test_a_step_is_the_longer_of_the_devices_work_and_the_engines_host_work():
     assert costs.bound(big, 5) == "drafting"
 
 
+def test_each_accepted_token_lengthens_the_step_and_moves_the_break_even():
+    """H100, vLLM 0.25 (BENCHMARKS, issue 48): a draft accepted 2.5 tokens a step made the 8B stand-in's k-5 step
+    2 ms longer than one accepted 1.2, and SmolLM2's too: work per accepted token the engine does not overlap."""
+    v = {m: 0.006 for m in range(1, 9)}
+    c = costs.Costs(v, draft_s=0.0003, engine_s=0.0004, host_s=(0.0048, 0.0002), per_token_s=0.0015)
+    assert c.step_s(5, 1.0) == pytest.approx(0.0079) and c.step_s(5, 3.0) == pytest.approx(0.0079 + 0.003)
+    row = costs.predict({5: 3.0}, c)[0]
+    assert row["predicted speed-up"] == pytest.approx(3.0 * 0.0064 / 0.0109)
+    # at the break-even tau the step costs exactly tau plain tokens
+    tau = row["break-even tau"]
+    assert c.step_s(5, tau) == pytest.approx(tau * c.plain_s()) and tau > 0.0079 / 0.0064
+    assert costs.bound(c, 5, 4.0) == "the engine's work per accepted token" and costs.bound(c, 5, 1.2) == "drafting"
+    assert costs.break_even(costs.Costs(v, 0.0003, 0.0004, per_token_s=0.007), 5) == float("inf")
+
+
 def test_a_block_drafter_pays_one_pass_a_step_whatever_k():
     v = {m: 0.004 for m in range(1, 9)}
     block = costs.Costs(v, draft_s=0.001, engine_s=0.0005, chain=False)
@@ -89,3 +108,24 @@ def test_a_family_the_served_section_could_not_serve_is_reported_not_served_agai
     got = speedup.measured_for_model(None, {"dflash2": "/nowhere"}, model, [], 8, "/tmp", served_run)
     assert got == {"dflash2": [{"k": 5, "error": "a 'dflash2' checkpoint, which vLLM does not serve"}]}
     assert speedup.against_model(got, model)[0]["note"].startswith("a 'dflash2' checkpoint")
+
+
+def test_the_engine_line_is_fitted_over_every_run_given():
+    """`bench_speedup.host_line`: c0 + k c1 + c2 (tau - 1) recovered from SmolLM2's served steps, pooled over two
+    runs (a weak and a strong draft), and c2 left at 0 where every step accepted about the same."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "benchmarks" / "bench_speedup.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def run(taus: dict[int, float]) -> dict:
+        step = {k: 0.005 + 0.0002 * k + 0.0016 * (t - 1) for k, t in taus.items()}
+        level = lambda k: {"levels": {"1": {"tokens_per_s": [taus[k] / step[k]], "metrics": {"tau": taus[k]}}}}  # noqa: E731
+        return {"servers": {f"original eagle3 k{k}": level(k) for k in taus} | {"original alone": {}}}
+
+    weak, strong = run({1: 1.19, 3: 1.21, 5: 1.22}), run({5: 2.6})
+    (c0, c1), c2 = bench.host_line([weak, strong], "original", "eagle3")
+    assert (c0, c1, c2) == pytest.approx((0.005, 0.0002, 0.0016), rel=1e-6)
+    (c0, c1), c2 = bench.host_line([weak], "original", "eagle3")
+    assert c2 == 0.0 and c1 == pytest.approx(0.0002, rel=0.2)

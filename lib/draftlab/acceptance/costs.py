@@ -9,7 +9,10 @@ with tau(k) the tokens per step (draftlab's loop), V(m) the verifier's forward o
 forward and E the engine's own time per step (attention, norms, sampling: a served plain token less V(1)). A GPU
 engine runs its host work (scheduling, the speculative step's bookkeeping) beside the GPU's, so a step takes the
 longer of the two: where the host work per speculative step, c0 + k * c1, outlasts the GPU's (a small verifier), it
-bounds the step (`Costs.host_s`, measured where vLLM serves several k). A verifier whose step reads its weights from
+bounds the step (`Costs.host_s`, measured where vLLM serves several k). On top of either, each token a step accepts
+beyond the first costs the engine work it does not overlap with the device's (`Costs.per_token_s`: the same on a 135M
+and on an 8B-shaped verifier, so not the GPU's; BENCHMARKS, issue 48), which is why a better draft's step is longer
+and its speed-up below tau's share. A verifier whose step reads its weights from
 memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up approaches tau; where the engine or the
 drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict` gives every k, `best_k` the best one,
 `bound` what limits it. V and D are measured as the engine runs them: on a GPU vLLM replays CUDA graphs, so they are
@@ -33,6 +36,7 @@ class Costs:
     draft_s: float
     engine_s: float = 0.0
     host_s: tuple[float, float] | None = None
+    per_token_s: float = 0.0  # each accepted token past a step's first, not overlapped (`step_s`)
     chain: bool = True  # k draft steps a verifier step (EAGLE-3); False: one pass drafts the block (DFlash, P-EAGLE)
     how: dict = field(default_factory=dict)  # how each was measured
 
@@ -42,10 +46,13 @@ class Costs:
     def gpu_step_s(self, k: int) -> float:
         return self.verify_s[k + 1] + self.engine_s + (k if self.chain else 1) * self.draft_s
 
-    def step_s(self, k: int) -> float:
-        """The step: its device work, or the engine's host work where that takes longer (vLLM overlaps the two)."""
-        host = self.host_s[0] + k * self.host_s[1] if self.host_s else 0.0
-        return max(self.gpu_step_s(k), host)
+    def host_step_s(self, k: int) -> float:
+        return self.host_s[0] + k * self.host_s[1] if self.host_s else 0.0
+
+    def step_s(self, k: int, tau: float = 1.0) -> float:
+        """The step: its device work, or the engine's host work where that takes longer (vLLM overlaps the two), and
+        the work on the tau - 1 tokens it accepts past the first, which it does not overlap."""
+        return max(self.gpu_step_s(k), self.host_step_s(k)) + self.per_token_s * max(tau - 1, 0.0)
 
 
 def predict(tau_k: dict[int, float], costs: Costs) -> list[dict]:
@@ -54,7 +61,7 @@ def predict(tau_k: dict[int, float], costs: Costs) -> list[dict]:
     for k, tau in sorted(tau_k.items()):
         if k + 1 not in costs.verify_s:
             continue
-        step = costs.step_s(k)
+        step = costs.step_s(k, tau)
         rows.append(
             {
                 "k": k,
@@ -62,26 +69,36 @@ def predict(tau_k: dict[int, float], costs: Costs) -> list[dict]:
                 "step ms": step * 1e3,
                 "plain ms/token": costs.plain_s() * 1e3,
                 "predicted speed-up": tau * costs.plain_s() / step,
-                "break-even tau": step / costs.plain_s(),
-                "bound by": bound(costs, k),
+                "break-even tau": break_even(costs, k),
+                "bound by": bound(costs, k, tau),
             }
         )
     return rows
+
+
+def break_even(costs: Costs, k: int) -> float:
+    """The tau at which a step at k costs tau plain tokens: tau * plain = base + p * (tau - 1); none (inf) where
+    each accepted token costs the engine a plain token's time or more."""
+    base, plain = max(costs.gpu_step_s(k), costs.host_step_s(k)), costs.plain_s()
+    return (base - costs.per_token_s) / (plain - costs.per_token_s) if plain > costs.per_token_s else float("inf")
 
 
 def best_k(rows: list[dict]) -> int | None:
     return max(rows, key=lambda r: r["predicted speed-up"])["k"] if rows else None
 
 
-def bound(costs: Costs, k: int) -> str:
+def bound(costs: Costs, k: int, tau: float = 1.0) -> str:
     """Which cost a step adds to a plain token's most: verifying k more tokens, drafting k, the engine's fixed share,
-    or, where it outlasts the device's work, the engine's host work per speculative step."""
-    if costs.host_s and costs.host_s[0] + k * costs.host_s[1] > costs.gpu_step_s(k):
-        return "the engine's host work per step"
+    its work on the accepted tokens, or, where it outlasts the device's work, the engine's host work per step."""
+    accepted = costs.per_token_s * max(tau - 1, 0.0)
+    if costs.host_step_s(k) > costs.gpu_step_s(k):
+        host = costs.host_step_s(k) - costs.plain_s()
+        return "the engine's host work per step" if host >= accepted else "the engine's work per accepted token"
     terms = {
         "verifying k+1 tokens": costs.verify_s[k + 1] - costs.verify_s[1],
         "drafting": (k if costs.chain else 1) * costs.draft_s,
         "the engine's fixed cost": costs.engine_s,
+        "the engine's work per accepted token": accepted,
     }
     return max(terms, key=terms.get)
 
