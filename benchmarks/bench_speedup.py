@@ -443,6 +443,48 @@ def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3",
     return rows
 
 
+def predict_k(result: dict, draft: Path, pool: list[dict] = (), kind: str = "eagle3") -> list[dict]:
+    """The best k before serving it: the loop's tau at every k (`replay.tau_by_k`, one pass of the draft over the
+    original verifier's greedy texts as vLLM served them, one in flight, here on this machine's CPU in fp32) put
+    through the cost model of each verifier the run measured (its GEMMs, its plain token, the engine line fitted on
+    the original's runs), beside each measured k."""
+    from types import SimpleNamespace
+
+    from draftlab.acceptance.cost_model import K_RANGE
+    from draftlab.acceptance.proposers import load_draft
+    from draftlab.acceptance.replay import tau_by_k
+    from draftlab.data.verifier import load_verifier
+
+    src = resolve_verifier(result["args"]["verifier"])
+    v = load_verifier(src, device="cpu", dtype="float32")
+    d = load_draft(with_embeddings(draft, src, Path(f"/tmp/draftlab-predict-k/{kind}")), v)
+    outs = result["servers"]["original alone"]["levels"]["1"]["outputs"]
+    gens = [SimpleNamespace(prompt_ids=o["prompt_token_ids"], tokens=o["token_ids"]) for o in outs]
+    with torch.no_grad():
+        taus = tau_by_k(d, gens, K_RANGE, result["args"]["max_tokens"])
+    host, per_token = host_line([result, *pool], "original", kind)
+    rows = []
+    for var, c in result["costs"].items():
+        if f"{var} alone" not in result["servers"] or kind not in c.get("draft_s", {}):
+            continue
+        plain = one_in_flight(result, f"{var} alone")[0]
+        ver = {int(x): t for x, t in c["verify_s"].items()}
+        model = costs.Costs(ver, c["draft_s"][kind], plain - ver[1], host, per_token)
+        for r in costs.predict({k: t for k, t in taus.items() if k + 1 in ver}, model):
+            name = f"{var} {kind} k{r['k']}"
+            served = name in result["servers"] and "error" not in result["servers"][name]
+            measured = plain / one_in_flight(result, name)[0] if served else None
+            rows.append(
+                {
+                    "verifier": var,
+                    **r,
+                    "measured": measured,
+                    "vLLM tau": one_in_flight(result, name)[1] if served else None,
+                }
+            )
+    return rows
+
+
 def checks(result: dict, like: str, base: str = "original") -> dict:
     """The stand-in against its reference's shape (served cost, plain and with k+1 verified) and against the
     original (the same greedy text, the same tau)."""
@@ -499,5 +541,16 @@ if __name__ == "__main__":
         print("| " + " | ".join(keys) + " |\n|" + " --- |" * len(keys))
         for r in rows:
             print("| " + " | ".join(f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
+    elif len(sys.argv) > 1 and sys.argv[1] == "predict-k":  # predict-k RESULT.json DRAFT_DIR [MORE.json]
+        res, pool = json.loads(Path(sys.argv[2]).read_text()), [json.loads(Path(f).read_text()) for f in sys.argv[4:]]
+        print("| verifier | k | loop tau | step ms | predicted | break-even tau | bound by | vLLM tau | measured |")
+        print("|" + " --- |" * 9)
+        for r in predict_k(res, Path(sys.argv[3]), pool):
+            m = "-" if r["measured"] is None else f"{r['measured']:.3f}"
+            t = "-" if r["vLLM tau"] is None else f"{r['vLLM tau']:.3f}"
+            print(
+                f"| {r['verifier']} | {r['k']} | {r['tau']:.3f} | {r['step ms']:.2f} | {r['predicted speed-up']:.3f} |"
+                f" {r['break-even tau']:.2f} | {r['bound by']} | {t} | {m} |"
+            )
     else:
         main()
