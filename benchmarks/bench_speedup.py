@@ -364,7 +364,8 @@ def host_line(results: list[dict], variant: str, kind: str) -> tuple[tuple[float
     """The engine's work per speculative step, c0 + k * c1 (host work, overlapped with the device's) plus c2 per
     token accepted past the first (not overlapped), fitted by least squares to a verifier's measured steps (tau over
     tokens/s, one in flight) at every k it was served at, over every result given: on a GPU a small verifier's step
-    is the engine's. c2 is fitted where the steps' taus differ by 0.5 or more, else 0."""
+    is the engine's. c2 is fitted only where one k was served at taus 0.5 or more apart (two drafts, or two runs of
+    the same machine): along one draft's k sweep tau rises with k, and c1 and c2 cannot be told apart; else 0."""
     import numpy as np
 
     pts = []
@@ -375,11 +376,10 @@ def host_line(results: list[dict], variant: str, kind: str) -> tuple[tuple[float
                 sec, tau = one_in_flight(result, name)
                 pts.append((int(m.group(1)), tau, tau * sec))
     k, tau, step = np.array(pts, dtype=float).T
-    cols = [np.ones_like(k)] + ([k] if len(set(k)) > 1 else []) + ([tau - 1] if np.ptp(tau) >= 0.5 else [])
+    apart = any(np.ptp(tau[k == x]) >= 0.5 for x in set(k))
+    cols = [np.ones_like(k)] + ([k] if len(set(k)) > 1 else []) + ([tau - 1] if apart else [])
     coef = np.linalg.lstsq(np.stack(cols, 1), step, rcond=None)[0]
-    c1 = float(coef[1]) if len(set(k)) > 1 else 0.0
-    c2 = float(coef[-1]) if np.ptp(tau) >= 0.5 else 0.0
-    return (float(coef[0]), c1), c2
+    return (float(coef[0]), float(coef[1]) if len(set(k)) > 1 else 0.0), float(coef[-1]) if apart else 0.0
 
 
 def near_ties(result: dict, like: str) -> dict:

@@ -13,7 +13,7 @@
 #   4. carry [".vllm/a"]                                         stage-vllm a
 #   5. carry [".vllm/b"]                                         JOB         (installs vLLM, starts JOB in the background)
 #   6. no carry, the same JOB again while it says "still running" (each call waits up to WAIT_S, 540, and brings back
-#      what is finished: every call's $OUT holds the job's archive and log).
+#      what is finished: every call's $OUT holds the job's archive and log). AGAIN=1: a job that ended runs anew.
 # A job runs from its own copy of the tree under /tmp (WORK): every call copies the working tree anew over the checkout
 # folder, which killed a job run from there (2026-12-04). Its data, answers and checkpoints live under WORK/data.
 #
@@ -100,13 +100,20 @@ report() {
   # inside the device's 600 s), then packs what there is into $OUT/$1.tar.gz (the paths function $2 prints and the
   # logs matching $3; a file still being written is packed as it stands) and prints each log's tail. A packing that
   # fails says so and the report goes on. While the job runs: exit 3 (call again within 30 s); once over, its status.
+  # AGAIN=1 runs a job that ended again in the same lease (its log kept aside); a job whose process is gone without a
+  # status is said to be, not waited on (2026-12-05: a removed status file left a call waiting 530 s on nothing).
   local job="$1" files="$2" logs="$3" log="/tmp/draftlab-$1.log" out="${OUT:-/tmp/out}"
   mkdir -p "$out"
+  [ "${AGAIN:-0}" = 1 ] && [ -f "$log.rc" ] && mv "$log" "$log.$(date +%s)" && rm -f "$log.rc"
   if [ ! -f "$log" ]; then
     setsid nohup bash -c "cd '$WORK' && bash benchmarks/gpu_pipeline.sh $job-job > $log 2>&1; echo \$? > $log.rc" \
       < /dev/null > /dev/null 2>&1 &
+    echo $! > "$log.pid"
   fi
-  while [ "$SECONDS" -lt "${WAIT_S:-540}" ] && [ ! -f "$log.rc" ]; do sleep 1; done
+  alive() { [ -f "$log.rc" ] || kill -0 "$(cat "$log.pid" 2>/dev/null)" 2>/dev/null; }
+  while [ "$SECONDS" -lt "${WAIT_S:-540}" ] && [ ! -f "$log.rc" ] && alive; do sleep 1; done
+  [ -f "$log.rc" ] || alive || { echo "job $job: its process is gone without a status (killed?); AGAIN=1 runs it anew" >&2
+    echo 1 > "$log.rc"; }
   cp "$log" "$out/log-$job.txt"
   # shellcheck disable=SC2046,SC2086
   tar czf "$out/$job.tar.gz" --warning=no-file-changed --ignore-failed-read $($files 2>/dev/null) $logs 2>/dev/null \

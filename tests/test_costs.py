@@ -129,3 +129,5 @@ def test_the_engine_line_is_fitted_over_every_run_given():
     assert (c0, c1, c2) == pytest.approx((0.005, 0.0002, 0.0016), rel=1e-6)
     (c0, c1), c2 = bench.host_line([weak], "original", "eagle3")
     assert c2 == 0.0 and c1 == pytest.approx(0.0002, rel=0.2)
+    (c0, c1), c2 = bench.host_line([run({1: 1.6, 3: 2.3, 4: 2.5})], "original", "eagle3")  # tau rising with k alone
+    assert c2 == 0.0

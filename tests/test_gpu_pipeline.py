@@ -1,0 +1,67 @@
+"""`benchmarks/gpu_pipeline.sh`'s report, the part of every lent-GPU call that waits on a background job and says how
+it ended: run here on a stand-in job patched into a copy of the script (the real jobs need the device)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def pipeline(tmp_path):
+    """A copy of the script with a job `NAME` (its -job: write a line, sleep FAKE_S, write another) and a call."""
+    name = f"fake{uuid.uuid4().hex[:8]}"
+    text = (ROOT / "benchmarks" / "gpu_pipeline.sh").read_text()
+    job = (
+        f'{name})\n  report {name} {name}_files "/tmp/{name}-*.log" ;;\n'
+        f'{name}-job)\n  echo start > /tmp/{name}-x.log; sleep "${{FAKE_S:-1}}"; echo done >> /tmp/{name}-x.log ;;\n'
+    )
+    assert "served|speedup|torchrun)\n" in text
+    text = text.replace("served|speedup|torchrun)\n", job + "served|speedup|torchrun)\n", 1)
+    text = text.replace("torchrun_files() {", f"{name}_files() {{ echo /tmp/{name}-x.log; }}\ntorchrun_files() {{", 1)
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "gpu_pipeline.sh").write_text(text)
+
+    def call(**env):
+        e = {**os.environ, "WORK": str(tmp_path), "OUT": str(tmp_path / "out"), **{k: str(v) for k, v in env.items()}}
+        return subprocess.run(
+            ["bash", "benchmarks/gpu_pipeline.sh", name], cwd=tmp_path, env=e, capture_output=True, text=True
+        )
+
+    yield name, call
+    for f in Path("/tmp").glob(f"*{name}*"):
+        f.unlink()
+
+
+def test_a_job_is_waited_on_reported_and_run_again_only_when_asked(pipeline):
+    name, call = pipeline
+    first = call(FAKE_S=3, WAIT_S=1)
+    assert first.returncode == 3 and "still running" in first.stdout
+    done = call(WAIT_S=30)
+    assert done.returncode == 0 and f"job {name} ended with status 0" in done.stdout and "done" in done.stdout
+    log = Path(f"/tmp/draftlab-{name}.log")
+    stamp = log.stat().st_mtime_ns
+    assert call(WAIT_S=30).returncode == 0 and log.stat().st_mtime_ns == stamp  # reported again, not run again
+    again = call(AGAIN=1, WAIT_S=30)
+    assert again.returncode == 0 and log.stat().st_mtime_ns != stamp
+    assert len(list(Path("/tmp").glob(f"draftlab-{name}.log.[0-9]*"))) == 1  # the earlier run's log kept aside
+
+
+def test_a_job_killed_without_a_status_is_said_to_be_gone_not_waited_on(pipeline):
+    name, call = pipeline
+    assert call(FAKE_S=60, WAIT_S=1).returncode == 3
+    pid = int(Path(f"/tmp/draftlab-{name}.log.pid").read_text())
+    os.killpg(pid, signal.SIGKILL)  # the job's own process session, as a lost machine's OOM killer or a user would
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    gone = call(WAIT_S=60)
+    assert time.monotonic() - t0 < 20
+    assert gone.returncode == 1 and "gone without a status" in gone.stderr and "AGAIN=1" in gone.stderr
