@@ -376,10 +376,18 @@ def host_line(results: list[dict], variant: str, kind: str) -> tuple[tuple[float
                 sec, tau = one_in_flight(result, name)
                 pts.append((int(m.group(1)), tau, tau * sec))
     k, tau, step = np.array(pts, dtype=float).T
-    apart = any(np.ptp(tau[k == x]) >= 0.5 for x in set(k))
-    cols = [np.ones_like(k)] + ([k] if len(set(k)) > 1 else []) + ([tau - 1] if apart else [])
+    several, apart = len(set(k)) > 1, any(np.ptp(tau[k == x]) >= 0.5 for x in set(k))
+    cols = [np.ones_like(k)] + ([k] if several else []) + ([tau - 1] if apart else [])
     coef = np.linalg.lstsq(np.stack(cols, 1), step, rcond=None)[0]
-    return (float(coef[0]), float(coef[1]) if len(set(k)) > 1 else 0.0), float(coef[-1]) if apart else 0.0
+    return (float(coef[0]), float(coef[1]) if several else 0.0), float(coef[-1]) if apart else 0.0
+
+
+def verifier_costs(result: dict, var: str, kind: str, engine: tuple) -> tuple[costs.Costs, float]:
+    """A verifier's cost model as the run measured it (its GEMMs, the draft's, its plain token) with the engine line
+    `engine` ((c0, c1), c2: `host_line`), and its plain token's seconds."""
+    c, plain = result["costs"][var], one_in_flight(result, f"{var} alone")[0]
+    ver = {int(x): t for x, t in c["verify_s"].items()}
+    return costs.Costs(ver, c["draft_s"][kind], plain - ver[1], *engine), plain
 
 
 def near_ties(result: dict, like: str) -> dict:
@@ -404,16 +412,14 @@ def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3",
     speculative runs, so no speculative run of a stand-in enters its prediction. The calibrating verifier's rows are
     a fit. `pool`: other results of the same machine whose calibrating runs join the fit."""
     servers, rows = result["servers"], []
-    host, per_token = host_line([result, *pool], calibrate, kind)
+    engine = host_line([result, *pool], calibrate, kind)
     for name in servers:
         m = re.fullmatch(rf"(\S+) {kind} k(\d+)", name)
         if not m or "error" in servers[name] or f"{m.group(1)} alone" not in servers:
             continue
         v, k = m.group(1), int(m.group(2))
-        c = result["costs"][v]
-        plain = one_in_flight(result, f"{v} alone")[0]
-        ver = {int(x): t for x, t in c["verify_s"].items()}
-        model = costs.Costs(ver, c["draft_s"][kind], plain - ver[1], host, per_token)
+        model, plain = verifier_costs(result, v, kind, engine)
+        ver = model.verify_s
         sec, tau = one_in_flight(result, name)
         tau_from = f"{calibrate} {kind} k{k}" if f"{calibrate} {kind} k{k}" in servers else name
         pred = costs.predict({k: one_in_flight(result, tau_from)[1]}, model)[0]
@@ -426,10 +432,10 @@ def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3",
                 "tau used": pred["tau"],
                 "V(1) ms": ver[1] * 1e3,
                 "V(k+1) ms": ver[k + 1] * 1e3,
-                "draft ms": c["draft_s"][kind] * 1e3,
-                "engine ms": (plain - ver[1]) * 1e3,
+                "draft ms": model.draft_s * 1e3,
+                "engine ms": model.engine_s * 1e3,
                 "host ms": model.host_step_s(k) * 1e3,
-                "per accepted token ms": per_token * 1e3,
+                "per accepted token ms": model.per_token_s * 1e3,
                 "step ms (measured)": tau * sec * 1e3,
                 "step ms (model)": model.step_s(k, pred["tau"]) * 1e3,
                 "predicted": pred["predicted speed-up"],
@@ -462,26 +468,18 @@ def predict_k(result: dict, draft: Path, pool: list[dict] = (), kind: str = "eag
     gens = [SimpleNamespace(prompt_ids=o["prompt_token_ids"], tokens=o["token_ids"]) for o in outs]
     with torch.no_grad():
         taus = tau_by_k(d, gens, K_RANGE, result["args"]["max_tokens"])
-    host, per_token = host_line([result, *pool], "original", kind)
+    engine = host_line([result, *pool], "original", kind)
     rows = []
     for var, c in result["costs"].items():
         if f"{var} alone" not in result["servers"] or kind not in c.get("draft_s", {}):
             continue
-        plain = one_in_flight(result, f"{var} alone")[0]
-        ver = {int(x): t for x, t in c["verify_s"].items()}
-        model = costs.Costs(ver, c["draft_s"][kind], plain - ver[1], host, per_token)
-        for r in costs.predict({k: t for k, t in taus.items() if k + 1 in ver}, model):
+        model, plain = verifier_costs(result, var, kind, engine)
+        for r in costs.predict({k: t for k, t in taus.items() if k + 1 in model.verify_s}, model):
             name = f"{var} {kind} k{r['k']}"
-            served = name in result["servers"] and "error" not in result["servers"][name]
-            measured = plain / one_in_flight(result, name)[0] if served else None
-            rows.append(
-                {
-                    "verifier": var,
-                    **r,
-                    "measured": measured,
-                    "vLLM tau": one_in_flight(result, name)[1] if served else None,
-                }
-            )
+            sec, tau = (None, None)
+            if name in result["servers"] and "error" not in result["servers"][name]:
+                sec, tau = one_in_flight(result, name)
+            rows.append({"verifier": var, **r, "measured": plain / sec if sec else None, "vLLM tau": tau})
     return rows
 
 

@@ -110,7 +110,7 @@ report() {
       < /dev/null > /dev/null 2>&1 &
     echo $! > "$log.pid"
   fi
-  alive() { [ -f "$log.rc" ] || kill -0 "$(cat "$log.pid" 2>/dev/null)" 2>/dev/null; }
+  alive() { kill -0 "$(cat "$log.pid" 2>/dev/null)" 2>/dev/null; }
   while [ "$SECONDS" -lt "${WAIT_S:-540}" ] && [ ! -f "$log.rc" ] && alive; do sleep 1; done
   [ -f "$log.rc" ] || alive || { echo "job $job: its process is gone without a status (killed?); AGAIN=1 runs it anew" >&2
     echo 1 > "$log.rc"; }

@@ -5,18 +5,18 @@ a token served without a draft is one verifier forward over 1 token and the engi
 
     speed-up(k) = tau(k) * (V(1) + E) / (V(k+1) + E + k * D)
 
-with tau(k) the tokens per step (draftlab's loop), V(m) the verifier's forward over m tokens, D one draft step's
-forward and E the engine's own time per step (attention, norms, sampling: a served plain token less V(1)). A GPU
-engine runs its host work (scheduling, the speculative step's bookkeeping) beside the GPU's, so a step takes the
-longer of the two: where the host work per speculative step, c0 + k * c1, outlasts the GPU's (a small verifier), it
-bounds the step (`Costs.host_s`, measured where vLLM serves several k). On top of either, each token a step accepts
-beyond the first costs the engine work it does not overlap with the device's (`Costs.per_token_s`: the same on a 135M
-and on an 8B-shaped verifier, so not the GPU's; BENCHMARKS, issue 48), which is why a better draft's step is longer
-and its speed-up below tau's share. A verifier whose step reads its weights from
-memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up approaches tau; where the engine or the
-drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict` gives every k, `best_k` the best one,
-`bound` what limits it. V and D are measured as the engine runs them: on a GPU vLLM replays CUDA graphs, so they are
-the weight GEMMs of every layer in one CUDA graph (`time_gemms`); on a CPU vLLM runs eager torch (`time_forward`).
+with tau(k) the tokens per step (draftlab's loop), V(m) the verifier's forward over m tokens, D one draft step's forward
+and E the engine's own time per step (attention, norms, sampling: a served plain token less V(1)). A GPU engine runs its
+host work (scheduling, the speculative step's bookkeeping) beside the GPU's, so a step takes the longer of the two:
+where the host work per speculative step, c0 + k * c1, outlasts the GPU's (a small verifier), it bounds the step
+(`Costs.host_s`, measured where vLLM serves several k). On top of either, each token a step accepts beyond the first
+costs the engine work it does not overlap with the device's (`Costs.per_token_s`, measured where one k was served at two
+taus: on one H100 host about the same on a 135M and on an 8B-shaped verifier, so not the GPU's; how much it is depends
+on the host, BENCHMARKS, issue 48), which is why a better draft's step is longer. A verifier whose step reads its
+weights from memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up approaches tau; where the engine
+or the drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict` gives every k, `best_k` the best
+one, `bound` what limits it. V and D are measured as the engine runs them: on a GPU vLLM replays CUDA graphs, so they
+are the weight GEMMs of every layer in one CUDA graph (`time_gemms`); on a CPU vLLM runs eager torch (`time_forward`).
 """
 
 from __future__ import annotations
@@ -49,10 +49,13 @@ class Costs:
     def host_step_s(self, k: int) -> float:
         return self.host_s[0] + k * self.host_s[1] if self.host_s else 0.0
 
+    def base_step_s(self, k: int) -> float:
+        """Its device work, or the engine's host work where that takes longer (vLLM overlaps the two)."""
+        return max(self.gpu_step_s(k), self.host_step_s(k))
+
     def step_s(self, k: int, tau: float = 1.0) -> float:
-        """The step: its device work, or the engine's host work where that takes longer (vLLM overlaps the two), and
-        the work on the tau - 1 tokens it accepts past the first, which it does not overlap."""
-        return max(self.gpu_step_s(k), self.host_step_s(k)) + self.per_token_s * max(tau - 1, 0.0)
+        """The step: its base, and the work on the tau - 1 tokens it accepts past the first, not overlapped."""
+        return self.base_step_s(k) + self.per_token_s * max(tau - 1, 0.0)
 
 
 def predict(tau_k: dict[int, float], costs: Costs) -> list[dict]:
@@ -79,7 +82,7 @@ def predict(tau_k: dict[int, float], costs: Costs) -> list[dict]:
 def break_even(costs: Costs, k: int) -> float:
     """The tau at which a step at k costs tau plain tokens: tau * plain = base + p * (tau - 1); none (inf) where
     each accepted token costs the engine a plain token's time or more."""
-    base, plain = max(costs.gpu_step_s(k), costs.host_step_s(k)), costs.plain_s()
+    base, plain = costs.base_step_s(k), costs.plain_s()
     return (base - costs.per_token_s) / (plain - costs.per_token_s) if plain > costs.per_token_s else float("inf")
 
 
