@@ -72,6 +72,8 @@ def test_check_prints_the_plan_and_runs_nothing(home, tiny_dir, capsys):
         ("draft_vocab_size=0", r"draft_vocab_size=0 is refused: draft_vocab_size takes a whole number of at least 1"),
         ("engine=vlm", r"engine='vlm' is refused: engine takes one of \['auto', 'hf', 'vllm'\]"),
         ("train_steps=0", r"train_steps=0: must be at least 1"),
+        ("compare_runs=[a/b/c]", r"compare_runs=\['a/b/c'\] is refused: .*`dataset/run`, each once \('a/b/c' is no"),
+        ("compare_runs=[a, a]", r"compare_runs=\['a', 'a'\] is refused: .*\(a run is named twice\)"),
     ],
 )
 def test_a_setting_a_stage_would_refuse_is_refused_up_front_naming_the_key_and_its_values(home, capsys, setting, says):
@@ -153,3 +155,41 @@ def test_check_names_the_users_prompt_files_and_refuses_a_missing_one(home, tiny
     rc, _, err = _check(capsys, "--set", f"prompts=[{tmp_path / 'gone.jsonl'}]")
     assert rc == 1 and "prompts: '" in err and "gone.jsonl' does not exist" in err and "fix the path" in err, err
     assert "Traceback" not in err and not (home / "outputs").exists()
+
+
+def test_compare_runs_reads_the_arms_beside_this_run_and_refuses_one_not_trained(home, tiny_dir, capsys):
+    """Issue 51: the arms of a sweep named in `compare_runs` are read beside this run (the plan names their folders);
+    an arm with no run of a kind is refused by --check, before 04 trains for minutes, naming the command that makes
+    it."""
+    import json
+
+    from draftlab.layout import RunLayout
+    from draftlab.training import arms
+
+    rec = [{"split": s, "step": 2, "seconds": 1.5, "full_acc_0": 0.5, "full_acc_1": 0.25} for s in ("train", "eval")]
+    for run in ("mine", "ttt5"):
+        (RunLayout("smollm2-ci", run, home).draft("eagle3")).mkdir(parents=True)
+        (RunLayout("smollm2-ci", run, home).draft("eagle3") / "metrics.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rec)
+        )
+    base = ["--run-name", "mine", "--set", f"verifier={tiny_dir}", "--set", "draft_vocab_size=64"]
+    rc, out, err = _check(capsys, *base, "--set", "draft_kinds=[eagle3]", "--set", "compare_runs=[ttt5]")
+    assert rc == 0, err
+    assert "reads D/train, D/eval (01's states), D/drafts/ttt5" in out
+    rc, out, err = _check(capsys, *base, "--set", "draft_kinds=[eagle3]", "--set", "compare_runs=[ttt5, other/noise]")
+    assert rc == 1 and "compare_runs: arm 'other/noise' has no eagle3 run at " in err, err
+    assert "data/runs/other/drafts/noise/eagle3. Train it first (draftlab run --only 04 --run-name noise" in err
+    read = arms.read_arms(RunLayout("smollm2-ci", "mine", home), ["ttt5"], ["eagle3"])
+    assert list(read) == ["mine", "ttt5"] and read["ttt5"]["eagle3"] == rec
+    assert arms.arm_table(read)[1] == {
+        "arm": "ttt5",
+        "kind": "eagle3",
+        "steps": 2,
+        "training seconds": 1.5,
+        "first-position accuracy": 0.5,
+        "position 1": 0.5,
+        "position 2": 0.25,
+    }
+    (RunLayout("smollm2-ci", "ttt5", home).draft("eagle3") / "metrics.jsonl").write_text(json.dumps(rec[0]) + "\n")
+    with pytest.raises(DraftlabError, match=r"arm 'ttt5' has no held-out evaluation of eagle3 in .*ttt5/eagle3"):
+        arms.read_arms(RunLayout("smollm2-ci", "mine", home), ["ttt5"], ["eagle3"])

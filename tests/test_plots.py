@@ -23,7 +23,7 @@ from draftlab.training import plots as train_plots  # noqa: E402
 def _records(kind: str) -> list[dict]:
     acc = {"full_acc_0": 0.4, "full_acc_1": 0.2} if kind == "eagle3" else {"position_1_acc": 0.3, "position_2_acc": 0.1}
     return [
-        {"split": s, "step": t, "loss": 1 / t, "lr": 1e-3, "tokens_per_s": 50.0 * t, **acc}
+        {"split": s, "step": t, "loss": 1 / t, "lr": 1e-3, "tokens_per_s": 50.0 * t, "seconds": 0.5, **acc}
         for t in (1, 2, 3)
         for s in ("train", "eval")
     ]
@@ -42,6 +42,7 @@ def _cases():
         "dflash": lambda: mask_plots.mask_figure(dflash_mask(pack["document_ids"], pack["loss_mask"], 4, 4)),
         "training_curves": lambda: train_plots.training_curves(runs),
         "position_accuracy": lambda: train_plots.position_curves(runs),
+        "position_accuracy_arms": lambda: train_plots.arm_curves({"gpu": runs, "gpu-ttt5": runs}),
         "accepted_length_hist": lambda: accept_plots.accepted_length_histogram({"ngram": [3, 2, 1]}, "t"),
         "alpha_n": lambda: accept_plots.alpha_plot({"ngram online": [0.8, None], "eagle3 offline": [0.9, 0.5]}, "t"),
         "tau_vs_k": lambda: accept_plots.tau_vs_k({"ngram": {1: 1.4, 3: 1.9}}, "t"),

@@ -122,6 +122,7 @@ class Train(_DraftShape, Base):
     checkpoint_every: int  # checkpoint every N steps (and at the end)
     grad_clip: float  # gradient-norm clipping
     hidden_states: str  # "offline": stage 01's files; "online": made by vLLM as packs are read (training.online)
+    compare_runs: list[str]  # other runs (`run` or `dataset/run`) whose curves 04 draws beside this one's (arms.py)
 
 
 @dataclass(frozen=True, kw_only=True)

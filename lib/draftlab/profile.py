@@ -77,6 +77,14 @@ def _concurrency(levels: list) -> str | None:
     return "a list of at least one number of requests in flight, each 1 or more, or 0 for every prompt at once"
 
 
+def _runs(names: list) -> str | None:
+    bad = [n for n in names if not n or n.count("/") > 1 or n != n.strip()]
+    if not bad and len(set(names)) == len(names):
+        return None
+    said = f"{bad[0]!r} is not one" if bad else "a run is named twice"
+    return f"a list of run names, each `run` (this dataset) or `dataset/run`, each once ({said})"
+
+
 def _choice(module: str, name: str):
     def rule(value):
         import importlib
@@ -99,6 +107,7 @@ RULES = {
     "engine": _choice("draftlab.data.gen_engine", "ENGINES"),
     "gen_dtype": _choice("draftlab.data.gen_engine", "GEN_DTYPES"),
     "hidden_states": _choice("draftlab.data.extract", "SOURCES"),
+    "compare_runs": _runs,
 }
 
 
@@ -187,6 +196,22 @@ def plan(profile: str, stages: list[str], run_name: str, overrides: dict, conver
     return "\n".join(lines)
 
 
+def _arm(name: str, cfg, layout):
+    """An arm of `compare_runs` as 04 will read it: its drafts' folder, refused now where a kind has no metrics."""
+    from draftlab.families import partition
+    from draftlab.training.arms import arm_layout
+
+    arm = arm_layout(name, layout)
+    missing = [k for k in partition(cfg.draft_kinds)[0] if not (arm.draft(k) / "metrics.jsonl").is_file()]
+    if missing:
+        raise DraftlabError(
+            f"compare_runs: arm {name!r} has no {missing[0]} run at {arm.draft(missing[0])}. Train it first "
+            f"(draftlab run --only 04 --run-name {arm.run_name} with that arm's profile), or take it out of "
+            "compare_runs."
+        )
+    return arm.drafts
+
+
 def _rel(layout, path) -> str:
     """`path` relative to the checkout, with the run's dataset as D/ and its outputs as O/ (`plan`'s first line)."""
     path = Path(path)
@@ -215,6 +240,7 @@ def _paths(stage: str, cfg, layout) -> tuple[str, str]:
         source = (
             "hidden states made by a vLLM server as packs are read" if cfg.hidden_states == "online" else "01's states"
         )
-        return f"D/train, D/eval ({source})", f"{run}/{kinds}, {out}"
+        arms = "".join(f", {_rel(layout, _arm(name, cfg, layout))}" for name in cfg.compare_runs)
+        return f"D/train, D/eval ({source}){arms}", f"{run}/{kinds}, {out}"
     served = " (each served by vLLM too)" if cfg.serve_with_vllm else ""
     return f"D/prompts.jsonl (bench), {run}/{kinds}/final{served}", out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from draftlab.training.train import first_accuracy, position_accuracies
 
@@ -57,5 +58,38 @@ def position_curves(runs: dict[str, list[dict]]):
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def arm_curves(arms: dict[str, dict[str, list[dict]]]):
+    """The arms of a sweep side by side (`arms.read_arms`), a row per kind: the last held-out accuracy at each drafted
+    position, a line per arm (where chains are lost), and held-out first-position accuracy against the training
+    seconds it cost (what a lever buys per device-second)."""
+    from draftlab.training.arms import seconds_at
+
+    kinds = list(next(iter(arms.values())))
+    fig, axes = plt.subplots(len(kinds), 2, figsize=(12, 3.8 * len(kinds)), squeeze=False)
+    for row, kind in zip(axes, kinds, strict=True):
+        for i, (arm, runs) in enumerate(arms.items()):
+            rec = runs[kind]
+            evals = [r for r in rec if r["split"] == "eval"]
+            acc = position_accuracies(kind, evals[-1])
+            row[0].plot(list(acc), list(acc.values()), "o-", color=f"C{i}", label=f"{arm} ({evals[-1]['step']} steps)")
+            at = seconds_at(rec)
+            row[1].plot(
+                [at.get(r["step"], 0.0) for r in evals], [first_accuracy(kind, r) for r in evals], "o-", color=f"C{i}"
+            )
+        row[0].set_title(f"{kind}: held-out accuracy per drafted position, last evaluation", fontsize=10)
+        row[0].set_xlabel("drafted position")
+        row[0].xaxis.set_major_locator(MaxNLocator(integer=True))
+        if not row[0].lines[0].get_xdata().size:
+            row[0].text(0.5, 0.5, f"{kind} logs no accuracy per position", ha="center", transform=row[0].transAxes)
+        row[1].set_title(f"{kind}: held-out first-position accuracy against training seconds", fontsize=10)
+        row[1].set_xlabel("training seconds (device time)")
+        for ax in row:
+            ax.set_ylim(0, 1)
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=7)
     fig.tight_layout()
     return fig

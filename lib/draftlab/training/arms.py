@@ -1,0 +1,68 @@
+"""The arms of a sweep side by side: other runs' metrics read beside this run's (`compare_runs`).
+
+A lever (more TTT steps, noise on the states, another draft vocabulary, longer training, more text) is one run
+of its own, trained under its own `--run-name` (on its own dataset where it changes stage 01). What it buys is
+read on the held-out split, at what device cost: the training seconds each run logged. Notebook 04 draws the
+arms with `plots.arm_curves` and tabulates them with `arm_table`, so a sweep's levers table is read off runs
+already trained, never re-run.
+"""
+
+from __future__ import annotations
+
+from draftlab import DraftlabError
+from draftlab.layout import RunLayout
+from draftlab.training.start import read_metrics
+from draftlab.training.train import first_accuracy, position_accuracies
+
+
+def arm_layout(name: str, layout: RunLayout) -> RunLayout:
+    """`run` (a run on this run's dataset) or `dataset/run` (an arm that changed stage 01) -> its layout."""
+    dataset, _, run = name.rpartition("/")
+    return RunLayout(dataset or layout.dataset_name, run, layout.root)
+
+
+def read_arms(layout: RunLayout, names: list[str], kinds: list[str]) -> dict[str, dict[str, list[dict]]]:
+    """{arm: {kind: metrics records}}: this run first (named by its run), then each of `names` in their order.
+    An arm without a held-out evaluation of a kind is refused, naming its folder and the run that makes it."""
+    arms = {layout.run_name: layout, **{name: arm_layout(name, layout) for name in names}}
+    out = {}
+    for name, arm in arms.items():
+        out[name] = {kind: read_metrics(arm.draft(kind)) for kind in kinds}
+        empty = [k for k, rec in out[name].items() if not any(r["split"] == "eval" for r in rec)]
+        if empty:
+            raise DraftlabError(
+                f"compare_runs: arm {name!r} has no held-out evaluation of {', '.join(empty)} in "
+                f"{arm.draft(empty[0])}. Train it first (draftlab run --only 04 --run-name {arm.run_name} with the "
+                f"profile of that arm), or take {name!r} out of compare_runs."
+            )
+    return out
+
+
+def seconds_at(records: list[dict]) -> dict[int, float]:
+    """step -> training seconds logged up to it (the device cost of reaching that evaluation)."""
+    total, at = 0.0, {}
+    for r in records:
+        if r["split"] == "train":
+            total += r.get("seconds", 0.0)
+            at[r["step"]] = total
+    return at
+
+
+def arm_table(arms: dict[str, dict[str, list[dict]]]) -> list[dict]:
+    """One row per arm and kind: steps, training seconds and the last held-out accuracy at each drafted position (a
+    levers table's columns; live tau is notebook 05's, on each arm's own run)."""
+    rows = []
+    for arm, runs in arms.items():
+        for kind, rec in runs.items():
+            last = [r for r in rec if r["split"] == "eval"][-1]
+            rows.append(
+                {
+                    "arm": arm,
+                    "kind": kind,
+                    "steps": last["step"],
+                    "training seconds": round(max(seconds_at(rec).values(), default=0.0), 1),
+                    "first-position accuracy": round(first_accuracy(kind, last), 4),
+                    **{f"position {p}": round(a, 4) for p, a in sorted(position_accuracies(kind, last).items())},
+                }
+            )
+    return rows
