@@ -115,6 +115,7 @@ class Train(_DraftShape, Base):
     pack_len: int  # tokens per batch (one packed sequence)
     ttt_steps: int  # EAGLE-3 training-time-test steps
     ttt_step_loss_decay: float  # EAGLE-3 loss weight per further TTT step
+    state_noise: float  # noise on the draft's input states while it trains, a fraction of their RMS (training.noise)
     train_steps: int  # optimizer steps per draft
     learning_rate: float  # peak learning rate (AdamW)
     warmup_steps: int  # linear warm-up, then cosine decay to zero
@@ -204,8 +205,7 @@ def load_profile(name: str) -> dict:
     if not path.exists():
         known = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise DraftlabError(f"No profile {name!r} at {path}; pick one of {known}.")
-    params = read_yaml(path.read_text(), str(path)) or {}
-    if not isinstance(params, dict):
+    if not isinstance(params := read_yaml(path.read_text(), str(path)) or {}, dict):
         raise DraftlabError(f"{path} must hold a mapping of parameter: value.")
     check_values(params, path, complete=True)
     return params

@@ -105,8 +105,13 @@ def saved_hparams(path: Path) -> dict:
     return torch.load(Path(path) / STATE, weights_only=False)["hparams"]
 
 
+# hyper-parameters added after checkpoints were saved -> the value a checkpoint without them was trained with
+ADDED_LATER = {"state_noise": 0.0}
+
+
 def differences(saved: dict, now: dict) -> list[str]:
     """The hyper-parameters that differ between a checkpoint's and a run's, by name."""
+    saved, now = {**ADDED_LATER, **saved}, {**ADDED_LATER, **now}
     return [key for key in sorted(set(saved) | set(now)) if saved.get(key) != now.get(key)]
 
 

@@ -46,6 +46,12 @@ def torchrun_command(
     from draftlab.training.data import open_split, require_states
 
     settings = checked(settings, "torchrun_command")
+    if settings.state_noise:
+        raise DraftlabError(
+            f"state_noise={settings.state_noise}: speculators train (0.9.0) has no noise transform, so the command "
+            "would train another draft than this run's. Train with noise in draftlab's loop (one GPU), or set "
+            "state_noise: 0 for the torchrun command."
+        )
     check_count("nproc", nproc, 1, "GPU processes, one per GPU: torchrun's --nproc-per-node")
     data, save_path = dataset_and_folder(
         data, save_path, lambda lay: lay.speculators_save(draft.kind), "torchrun_command"

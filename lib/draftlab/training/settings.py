@@ -30,6 +30,7 @@ class Settings:
     weight_decay: float = 0.01  # speculators' AdamW default
     ttt_steps: int = 3  # EAGLE-3
     ttt_step_loss_decay: float = 1.0  # EAGLE-3
+    state_noise: float = 0.0  # Gaussian noise on the draft's input states, a fraction of each layer's RMS (noise.py)
     n_anchors: int = 512  # DFlash blocks per pack (speculators' max_anchors)
     seed: int = 0
     eval_every: int = 50
@@ -64,6 +65,11 @@ class Settings:
 
         if self.hidden_states not in SOURCES:  # data.extract.check_source's rule, kept out of the training calls
             raise DraftlabError(f"hidden_states={self.hidden_states!r}: use one of {SOURCES} (training.online).")
+        if isinstance(self.state_noise, bool) or not isinstance(self.state_noise, (int, float)) or self.state_noise < 0:
+            raise DraftlabError(
+                f"state_noise={self.state_noise!r}: must be a number of at least 0 (0: no noise; 0.1: noise of a tenth "
+                "of each layer's RMS on the draft's input states, training.noise)."
+            )
         if not self.learning_rate > 0:
             raise DraftlabError(f"learning_rate={self.learning_rate}: must be above 0.")
 

@@ -33,6 +33,7 @@ from draftlab.training.final import finish
 from draftlab.training.launch import torchrun_command  # noqa: F401  (several GPUs: speculators' own trainer)
 from draftlab.training.loaders import loader_workers
 from draftlab.training.lock import run_lock
+from draftlab.training.noise import noised
 from draftlab.training.online import states_for, stops_if_it_dies
 from draftlab.training.settings import CADENCE, SOURCE, Settings, checked, forward_options, optimizer_and_schedule
 from draftlab.training.start import kept, read_metrics, start  # noqa: F401  (read_metrics: for notebooks)
@@ -137,7 +138,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
         for batch, position in batches:
             waited = time.perf_counter() - t0  # for its pack: reading it (and, online, vLLM making its states)
             lr = sched.get_last_lr()[0]
-            _, loss, m = forward(draft, batch, **options)
+            _, loss, m = forward(draft, noised(batch, s.state_noise, s.seed, step + 1, draft.device), **options)
             if not torch.isfinite(loss):
                 raise DraftlabError(
                     f"loss is {loss.item()} at step {step + 1}: training stopped. "
