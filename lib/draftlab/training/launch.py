@@ -46,12 +46,8 @@ def torchrun_command(
     from draftlab.training.data import open_split, require_states
 
     settings = checked(settings, "torchrun_command")
-    if settings.state_noise:
-        raise DraftlabError(
-            f"state_noise={settings.state_noise}: speculators train (0.9.0) has no noise transform, so the command "
-            "would train another draft than this run's. Train with noise in draftlab's loop (one GPU), or set "
-            "state_noise: 0 for the torchrun command."
-        )
+    if why := lacks(settings):
+        raise DraftlabError(why)
     check_count("nproc", nproc, 1, "GPU processes, one per GPU: torchrun's --nproc-per-node")
     data, save_path = dataset_and_folder(
         data, save_path, lambda lay: lay.speculators_save(draft.kind), "torchrun_command"
@@ -184,3 +180,15 @@ def _found(save_path: Path) -> Path | None:
 
 def as_shell(command: list[str]) -> str:
     return shlex.join(command)
+
+
+def lacks(settings) -> str | None:
+    """Why speculators' trainer cannot train this run's settings (None: it can); notebook 04 prints it instead of
+    the command, `torchrun_command` refuses with it."""
+    if settings.state_noise:
+        return (
+            f"state_noise={settings.state_noise}: speculators train (0.9.0) has no noise transform, so the torchrun "
+            "command would train another draft than this run's. Train with noise in draftlab's loop (one GPU), or "
+            "set state_noise: 0 for the torchrun command."
+        )
+    return None

@@ -1,0 +1,126 @@
+"""Issue 51: a draft recipe's levers, each arm a run of its own, chosen on the eval split and reported on bench.
+
+    python benchmarks/sweep_levers.py --profile default --prompts 32 --arm base: --arm ttt3:ttt_steps=3 \
+        --arm noise:state_noise=0.1 --arm steps2x:train_steps=500 --out benchmarks/results/levers-cpu/levers.json
+
+Each arm trains `--kind` through `draftlab run --profile P --only 04 --run-name P-<arm> --set draft_kinds=[KIND]` with
+its own `--set`s; an arm that sets a stage-01 key (`draft_vocab_size`, `extra_samples`, ...) gets a dataset of its
+own (`<dataset>-<arm>`) and runs 01 too. Then draftlab's loop decodes `--prompts` eval prompts (the split the winner
+is chosen on) and as many bench prompts (the split it is reported on) at k `--k`, greedy, from the base dataset's
+prompt set, so every arm meets the same prompts; tau is pooled with a bootstrap interval over prompts. An arm already
+trained and measured is read back, so the sweep resumes where it stopped. The table: arm, training seconds (what the
+lever cost), held-out accuracy per drafted position, eval tau, bench tau; the winner is the arm of highest eval tau.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from draftlab import config
+from draftlab.acceptance.evaluate import load_spec_prompts, run_prompts
+from draftlab.acceptance.intervals import POOLED, estimate, step_table
+from draftlab.acceptance.proposers import load_run_drafts
+from draftlab.data.verifier import load_verifier
+from draftlab.layout import RunLayout
+from draftlab.training import arms
+
+
+def arm_run(profile: str, name: str, sets: dict) -> RunLayout:
+    """The arm's run: `<profile>-<name>`, on its own dataset where a stage-01 key is among its settings."""
+    base = config.load_profile(profile)["dataset_name"]
+    own = any("01" in config.readers(key) for key in sets)
+    return RunLayout(f"{base}-{name}" if own else base, f"{profile}-{name}")
+
+
+def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict) -> None:
+    """`draftlab run` for the arm: 04 (and 01 first on a dataset of its own), skipped where final/ is written."""
+    if (layout.final(kind) / "config.json").is_file():
+        return
+    base = config.load_profile(profile)["dataset_name"]
+    stages = "04" if layout.dataset_name == base else "01,04"
+    extra = [] if layout.dataset_name == base else [f"dataset_name={layout.dataset_name}"]
+    cmd = [sys.executable, "-m", "draftlab", "run", "--profile", profile, "--only", stages, "--run-name"]
+    cmd += [layout.run_name, "--set", f"draft_kinds=[{kind}]"]
+    for s in [*extra, *(f"{k}={v}" for k, v in sets.items())]:
+        cmd += ["--set", s]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def tau_on(verifier, layout: RunLayout, kind: str, prompts: list[dict], k: int, tokens: int) -> dict:
+    """Pooled tau with its 95% bootstrap interval over prompts, and per-position acceptance, in draftlab's loop."""
+    proposer = load_run_drafts(layout, verifier, [kind]).proposers[kind]
+    est = estimate(step_table(run_prompts(verifier, proposer, prompts, k, tokens)), k)
+    pos = [round(est[f"p_{i}"][POOLED]["value"], 4) for i in range(1, k + 1)]
+    return {**{x: round(est["tau"][POOLED][x], 4) for x in ("value", "lo", "hi")}, "p": pos, "prompts": len(prompts)}
+
+
+def main() -> None:
+    a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    a.add_argument("--profile", default="default")
+    a.add_argument("--kind", default="eagle3")
+    a.add_argument("--arm", action="append", required=True, help="name:key=value,key=value (base: for none)")
+    a.add_argument("--prompts", type=int, default=32, help="eval prompts and bench prompts each")
+    a.add_argument("--k", type=int, default=5)
+    a.add_argument("--max-new-tokens", type=int, default=32)
+    a.add_argument("--device", default="cpu")
+    a.add_argument("--dtype", default="float32")
+    a.add_argument("--out", required=True)
+    args = a.parse_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parsed = {}
+    for spec in args.arm:
+        name, _, rest = spec.partition(":")
+        parsed[name] = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in rest.split(",") if kv)}
+    base = RunLayout(config.load_profile(args.profile)["dataset_name"], args.profile)
+    v = load_verifier(config.load_profile(args.profile)["verifier"], device=args.device, dtype=args.dtype)
+    split_prompts = {s: load_spec_prompts(base.prompts, v.tokenizer, s, args.prompts) for s in ("eval", "bench")}
+    rows = []
+    for name, sets in parsed.items():
+        layout, cached = arm_run(args.profile, name, sets), out.parent / f"arm-{name}.json"
+        train_arm(args.profile, args.kind, layout, sets)
+        if cached.is_file():
+            row = json.loads(cached.read_text())
+        else:
+            trained = arms.arm_table({name: {args.kind: arms.read_metrics(layout.draft(args.kind))}})[0]
+            row = {**trained, "settings": sets, "run": f"{layout.dataset_name}/{layout.run_name}"}
+            for split, prompts in split_prompts.items():
+                row[f"{split} tau"] = tau_on(v, layout, args.kind, prompts, args.k, args.max_new_tokens)
+                print(f"{name} {split} tau {row[f'{split} tau']}", flush=True)
+            cached.write_text(json.dumps(row, indent=1))
+        rows.append(row)
+    best = max(rows, key=lambda r: r["eval tau"]["value"])
+    result = {"args": vars(args), "chosen on eval": best["arm"], "arms": rows}
+    out.write_text(json.dumps(result, indent=1))
+    print(table(result))
+
+
+def table(result: dict) -> str:
+    """The levers table (markdown): the chosen arm marked; bench tau is what is reported."""
+    pos = max(len([k for k in r if k.startswith("position ")]) for r in result["arms"])
+    head = ["arm", "settings", "steps", "training s", *[f"acc {i}" for i in range(1, pos + 1)], "eval tau", "bench tau"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in result["arms"]:
+        mark = " (chosen on eval)" if r["arm"] == result["chosen on eval"] else ""
+        taus = [f"{r[s]['value']:.3f} [{r[s]['lo']:.3f}, {r[s]['hi']:.3f}]" for s in ("eval tau", "bench tau")]
+        cells = [f"{r['arm']}{mark}", json.dumps(r["settings"]) if r["settings"] else "-", str(r["steps"])]
+        cells += [
+            f"{r['training seconds']:.0f}",
+            *[f"{r.get(f'position {i}', float('nan')):.3f}" for i in range(1, pos + 1)],
+        ]
+        lines.append("| " + " | ".join(cells + taus) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["table"]:
+        print(table(json.loads(Path(sys.argv[2]).read_text())))
+    else:
+        main()
