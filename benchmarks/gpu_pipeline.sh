@@ -36,6 +36,10 @@
 #              sampled answer, states on disk, 1500 steps; the stand-in written while 04 trains); `ckpt-back` then
 #              brings that draft and its prompts back as draft.tar.xz.part-* (`cat draft.tar.xz.part-* | tar xJf -`
 #              here makes .draft/ of them, for a later lease's `speedup` without TRAIN).
+#   sweep      issue 51: the levers of ARMS (e.g. "--arm base: --arm ttt5:ttt_steps=5 --arm noise:state_noise=0.1") on
+#              the recipe of TRAIN_SETS (speedup's by default): 01 once, then each arm's 04 and its eval / bench tau in
+#              the loop (benchmarks/sweep_levers.py, which resumes an arm already done); the table in /tmp/sweep. Its
+#              log is /tmp/sweep-levers.log.
 #   torchrun   issue 21: draftlab's loop beside the torchrun command it writes (speculators' trainer), the same steps.
 #   run NBS    the notebooks NBS (e.g. 01,04) of PROFILE (gpu).
 # Jobs of closed issues (h200, online, online-gpu, families-cuda, turns, sharegpt, curve) are in this script at
@@ -170,7 +174,13 @@ speedup_files() { find /tmp/speedup -type f -size -4M; [ "${TRAIN:-0}" = 1 ] && 
 run_files() {
   find "outputs/${PROFILE:-gpu}" -type f -size -2M; ${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" metrics.jsonl
 }
+sweep_files() { find /tmp/sweep -type f -size -2M; }
 torchrun_files() { find /tmp/sbs -maxdepth 1 -type f -size -4M; }
+
+# the recipe that fits a lease beside its servers (speedup's TRAIN=1 and sweep): first turns, one sampled answer,
+# states on disk, 1500 steps; TRAIN_SETS another
+# shellcheck disable=SC2206
+sets=(${TRAIN_SETS:---set sharegpt_turns=first --set extra_samples=1 --set hidden_states=offline --set train_steps=1500})
 
 case "${1:-}" in
 prepare)
@@ -236,7 +246,7 @@ ckpt-back)
     mv "$f" "$out/" && n=$((n + 1)) && echo "back: $(basename "$f")"
   done
   echo "every part sent" ;;
-served|speedup|torchrun)
+served|speedup|torchrun|sweep)
   install_once; vllm_install; work; report "$1" "${1}_files" "/tmp/${1}-*.log" ;;
 run)
   export NBS="${2:?which notebooks, e.g. 01,02}"; work; report run run_files "/tmp/run-*.log" ;;
@@ -271,13 +281,19 @@ served-job)
   $py -m draftlab run --profile "$p" --only 05 --set "draft_kinds=[eagle3]" ${SET05:-} > /tmp/served-eagle3-05.log 2>&1 \
     || { tail -c 3000 /tmp/served-eagle3-05.log; wait "$dflash"; exit 1; }
   wait "$dflash" || { tail -c 3000 /tmp/served-dflash-0405.log; exit 1; } ;;
+sweep-job)
+  install_once; vllm_install; wait_convert
+  set -x
+  py="${PY:-python3}"; p="${PROFILE:-gpu}"; mkdir -p /tmp/sweep
+  # shellcheck disable=SC2086  # ARMS: --arm name:key=value,... for each arm
+  $py benchmarks/sweep_levers.py --profile "$p" --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" \
+    --prompts "${PROMPTS:-32}" --max-new-tokens "${TOKENS:-96}" "${sets[@]}" $ARMS --out /tmp/sweep/levers.json \
+    > /tmp/sweep-levers.log 2>&1 || { tail -c 3000 /tmp/sweep-levers.log; exit 1; } ;;
 speedup-job)
   install_once; vllm_install; wait_convert
   set -x
   py="${PY:-python3}"; p="${PROFILE:-gpu}"; d="${DRAFT:-/tmp/draft}"
   if [ "${TRAIN:-0}" = 1 ]; then  # 01 and EAGLE-3's 04 here, the stand-in written meanwhile (expand reuses it)
-    # shellcheck disable=SC2206
-    sets=(${TRAIN_SETS:---set sharegpt_turns=first --set extra_samples=1 --set hidden_states=offline --set train_steps=1500})
     $py -c "import sys, torch; from draftlab.data.expand import expand; expand('smollm2', sys.argv[1], dtype=getattr(torch, sys.argv[2]), \
 device=sys.argv[3])" "${LIKE:-8b}" "${DTYPE:-bfloat16}" "${DEVICE:-cuda}" > /tmp/speedup-expand.log 2>&1 & ex=$!
     $py -m draftlab run --profile "$p" --only 01,04 --set "draft_kinds=[eagle3]" "${sets[@]}" > /tmp/speedup-0104.log 2>&1 \

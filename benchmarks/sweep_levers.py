@@ -4,12 +4,13 @@
         --arm noise:state_noise=0.1 --arm steps2x:train_steps=500 --out benchmarks/results/levers-cpu/levers.json
 
 Each arm trains `--kind` through `draftlab run --profile P --only 04 --run-name P-<arm> --set draft_kinds=[KIND]` with
-its own `--set`s; an arm that sets a stage-01 key (`draft_vocab_size`, `extra_samples`, ...) gets a dataset of its
-own (`<dataset>-<arm>`) and runs 01 too. Then draftlab's loop decodes `--prompts` eval prompts (the split the winner
-is chosen on) and as many bench prompts (the split it is reported on) at k `--k`, greedy, from the base dataset's
-prompt set, so every arm meets the same prompts; tau is pooled with a bootstrap interval over prompts. An arm already
-trained and measured is read back, so the sweep resumes where it stopped. The table: arm, training seconds (what the
-lever cost), held-out accuracy per drafted position, eval tau, bench tau; the winner is the arm of highest eval tau.
+the sweep's `--set`s (the recipe every arm shares) and then its own; an arm that sets a stage-01 key
+(`draft_vocab_size`, `extra_samples`, ...) gets a dataset of its own (`<dataset>-<arm>`) and runs 01 too. Then
+draftlab's loop decodes `--prompts` eval prompts (the split the winner is chosen on) and as many bench prompts (the
+split it is reported on) at k `--k`, greedy, from the base dataset's prompt set, so every arm meets the same prompts;
+tau is pooled with a bootstrap interval over prompts. An arm already trained and measured is read back, so the sweep
+resumes where it stopped. The table: arm, training seconds (what the lever cost), held-out accuracy per drafted
+position, eval tau, bench tau; the winner is the arm of highest eval tau.
 """
 
 from __future__ import annotations
@@ -38,19 +39,25 @@ def arm_run(profile: str, name: str, sets: dict) -> RunLayout:
     return RunLayout(f"{base}-{name}" if own else base, f"{profile}-{name}")
 
 
-def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict) -> None:
-    """`draftlab run` for the arm: 04 (and 01 first on a dataset of its own), skipped where final/ is written."""
-    if (layout.final(kind) / "config.json").is_file():
-        return
-    base = config.load_profile(profile)["dataset_name"]
-    stages = "04" if layout.dataset_name == base else "01,04"
-    extra = [] if layout.dataset_name == base else [f"dataset_name={layout.dataset_name}"]
-    cmd = [sys.executable, "-m", "draftlab", "run", "--profile", profile, "--only", stages, "--run-name"]
-    cmd += [layout.run_name, "--set", f"draft_kinds=[{kind}]"]
-    for s in [*extra, *(f"{k}={v}" for k, v in sets.items())]:
-        cmd += ["--set", s]
+def draftlab_run(profile: str, stages: str, run_name: str, sets: list[str]) -> None:
+    """`draftlab run` of `stages` with the `key=value`s of `sets` that those stages read (it refuses the others)."""
+    cmd = [sys.executable, "-m", "draftlab", "run", "--profile", profile, "--only", stages, "--run-name", run_name]
+    for s in sets:
+        if set(config.readers(s.split("=", 1)[0])) & set(stages.split(",")):
+            cmd += ["--set", s]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
+
+
+def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base_sets: list[str] = ()) -> None:
+    """`draftlab run` for the arm: 04 (and 01 first on a dataset of its own), skipped where final/ is written;
+    `base_sets` (`key=value`, the recipe every arm shares) before the arm's own."""
+    if (layout.final(kind) / "config.json").is_file():
+        return
+    own = layout.dataset_name != config.load_profile(profile)["dataset_name"]
+    extra = [f"dataset_name={layout.dataset_name}"] if own else []
+    arm = [*base_sets, *extra, f"draft_kinds=[{kind}]", *(f"{k}={v}" for k, v in sets.items())]
+    draftlab_run(profile, "01,04" if own else "04", layout.run_name, arm)
 
 
 def tau_on(verifier, layout: RunLayout, kind: str, prompts: list[dict], k: int, tokens: int) -> dict:
@@ -71,6 +78,7 @@ def main() -> None:
     a.add_argument("--max-new-tokens", type=int, default=32)
     a.add_argument("--device", default="cpu")
     a.add_argument("--dtype", default="float32")
+    a.add_argument("--set", action="append", default=[], dest="base", help="key=value every arm shares (the recipe)")
     a.add_argument("--out", required=True)
     args = a.parse_args()
     out = Path(args.out)
@@ -80,12 +88,14 @@ def main() -> None:
         name, _, rest = spec.partition(":")
         parsed[name] = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in rest.split(",") if kv)}
     base = RunLayout(config.load_profile(args.profile)["dataset_name"], args.profile)
+    if not base.resolved_config("01").is_file() or any("01" in config.readers(s.split("=")[0]) for s in args.base):
+        draftlab_run(args.profile, "01", args.profile, args.base)  # the shared dataset (01 resumes a finished one)
     v = load_verifier(config.load_profile(args.profile)["verifier"], device=args.device, dtype=args.dtype)
     split_prompts = {s: load_spec_prompts(base.prompts, v.tokenizer, s, args.prompts) for s in ("eval", "bench")}
     rows = []
     for name, sets in parsed.items():
         layout, cached = arm_run(args.profile, name, sets), out.parent / f"arm-{name}.json"
-        train_arm(args.profile, args.kind, layout, sets)
+        train_arm(args.profile, args.kind, layout, sets, args.base)
         if cached.is_file():
             row = json.loads(cached.read_text())
         else:
