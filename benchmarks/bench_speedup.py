@@ -382,12 +382,30 @@ def host_line(results: list[dict], variant: str, kind: str) -> tuple[tuple[float
     return (float(coef[0]), float(coef[1]) if several else 0.0), float(coef[-1]) if apart else 0.0
 
 
-def verifier_costs(result: dict, var: str, kind: str, engine: tuple) -> tuple[costs.Costs, float]:
+def verifier_costs(result: dict, var: str, kind: str, engine: tuple, spec: float = 0.0) -> tuple[costs.Costs, float]:
     """A verifier's cost model as the run measured it (its GEMMs, the draft's, its plain token) with the engine line
-    `engine` ((c0, c1), c2: `host_line`), and its plain token's seconds."""
+    `engine` ((c0, c1), c2: `host_line`) and a speculative step's fixed cost `spec` (`spec_fixed`), and its plain
+    token's seconds."""
     c, plain = result["costs"][var], one_in_flight(result, f"{var} alone")[0]
     ver = {int(x): t for x, t in c["verify_s"].items()}
-    return costs.Costs(ver, c["draft_s"][kind], plain - ver[1], *engine), plain
+    return costs.Costs(ver, c["draft_s"][kind], plain - ver[1], *engine, spec_s=spec), plain
+
+
+def spec_fixed(results: list[dict], like: str) -> float:
+    """A speculative step's fixed device cost on a stand-in's shape, beyond V(6) + E + 5 D: the step of the reference
+    check's random-weight draft at k 5 on the stand-in with random weights (`--reference`), served at tau 1, less
+    that run's own model of it; no trained draft's figure enters it. 0 where no result given served one."""
+    name = f"{like} (random weights) random eagle3 k5"
+    for r in results:
+        if (
+            name in r["servers"]
+            and "error" not in r["servers"][name]
+            and "eagle3" in r["costs"].get(like, {}).get("draft_s", {})
+        ):
+            return max(
+                one_in_flight(r, name)[0] - verifier_costs(r, like, "eagle3", ((0.0, 0.0), 0.0))[0].gpu_step_s(5), 0
+            )
+    return 0.0
 
 
 def near_ties(result: dict, like: str) -> dict:
@@ -405,20 +423,24 @@ def near_ties(result: dict, like: str) -> dict:
     }
 
 
-def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3", pool: list[dict] = ()) -> list[dict]:
+def predictions(
+    result: dict, calibrate: str = "original", kind: str = "eagle3", pool: list[dict] = (), spec_from: list[dict] = ()
+) -> list[dict]:
     """The cost model against every measured speed-up at one request in flight. Each stand-in is predicted from its
     weight GEMMs (V, D), its own plain token (E) and the original verifier's served tau at the same k (the same
     function, so the same text and acceptance); the engine's host line comes from the `calibrate` verifier's own
     speculative runs, so no speculative run of a stand-in enters its prediction. The calibrating verifier's rows are
-    a fit. `pool`: other results of the same machine whose calibrating runs join the fit."""
+    a fit. `pool`: other results of the same machine whose calibrating runs join the fit; `spec_from`: results (of
+    any host: the term is the device's) where a random draft was served on a stand-in (`spec_fixed`)."""
     servers, rows = result["servers"], []
     engine = host_line([result, *pool], calibrate, kind)
+    spec = {v: spec_fixed([result, *pool, *spec_from], v) if v != calibrate else 0.0 for v in result["costs"]}
     for name in servers:
         m = re.fullmatch(rf"(\S+) {kind} k(\d+)", name)
         if not m or "error" in servers[name] or f"{m.group(1)} alone" not in servers:
             continue
         v, k = m.group(1), int(m.group(2))
-        model, plain = verifier_costs(result, v, kind, engine)
+        model, plain = verifier_costs(result, v, kind, engine, spec.get(v, 0.0))
         ver = model.verify_s
         sec, tau = one_in_flight(result, name)
         tau_from = f"{calibrate} {kind} k{k}" if f"{calibrate} {kind} k{k}" in servers else name
@@ -436,6 +458,7 @@ def predictions(result: dict, calibrate: str = "original", kind: str = "eagle3",
                 "engine ms": model.engine_s * 1e3,
                 "host ms": model.host_step_s(k) * 1e3,
                 "per accepted token ms": model.per_token_s * 1e3,
+                "spec step ms": model.spec_s * 1e3,
                 "step ms (measured)": tau * sec * 1e3,
                 "step ms (model)": model.step_s(k, pred["tau"]) * 1e3,
                 "predicted": pred["predicted speed-up"],
@@ -473,7 +496,9 @@ def predict_k(result: dict, draft: Path, pool: list[dict] = (), kind: str = "eag
     for var, c in result["costs"].items():
         if f"{var} alone" not in result["servers"] or kind not in c.get("draft_s", {}):
             continue
-        model, plain = verifier_costs(result, var, kind, engine)
+        model, plain = verifier_costs(
+            result, var, kind, engine, spec_fixed([result, *pool], var) if var != "original" else 0
+        )
         for r in costs.predict({k: t for k, t in taus.items() if k + 1 in model.verify_s}, model):
             name = f"{var} {kind} k{r['k']}"
             sec, tau = (None, None)
@@ -516,18 +541,23 @@ def checks(result: dict, like: str, base: str = "original") -> dict:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "slim":  # slim DRAFT_DIR OUT_DIR
         slim(Path(sys.argv[2]), Path(sys.argv[3]))
-    elif len(sys.argv) > 1 and sys.argv[1] == "analyse":  # analyse RESULT.json [MORE.json of the same machine kind]
-        res, *pool = (json.loads(Path(f).read_text()) for f in sys.argv[2:])  # the checks, the model's predictions
+    elif (
+        len(sys.argv) > 1 and sys.argv[1] == "analyse"
+    ):  # analyse RESULT.json [MORE.json of the same host] [spec=R.json]
+        files = [f for f in sys.argv[2:] if not f.startswith("spec=")]
+        spec_from = [json.loads(Path(f[5:]).read_text()) for f in sys.argv[2:] if f.startswith("spec=")]
+        res, *pool = (json.loads(Path(f).read_text()) for f in files)  # the checks, the model's predictions
         print_table(res["table"])
         for like in res["args"]["like"]:
             found = {**checks(res, like), **near_ties(res, like)}
             print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in found.items()}, indent=1))
-        rows = predictions(res, pool=pool)
+        rows = predictions(res, pool=pool, spec_from=spec_from)
         keys = [
             "server",
             "vLLM tau",
             "host ms",
             "per accepted token ms",
+            "spec step ms",
             "step ms (measured)",
             "step ms (model)",
             "predicted",

@@ -131,3 +131,26 @@ def test_the_engine_line_is_fitted_over_every_run_given():
     assert c2 == 0.0 and c1 == pytest.approx(0.0002, rel=0.2)
     (c0, c1), c2 = bench.host_line([run({1: 1.6, 3: 2.3, 4: 2.5})], "original", "eagle3")  # tau rising with k alone
     assert c2 == 0.0
+
+
+def test_a_speculative_steps_fixed_device_cost_is_read_from_a_random_draft_served_at_tau_1():
+    """`bench_speedup.spec_fixed`: the step of a random draft at k 5 (tau 1) on a stand-in, less its model
+    V(6) + E + 5 D, is the fixed device cost of a speculative step (`Costs.spec_s`), added to every k's device step
+    and named by `bound` where it is the largest term; 0 where no run served such a draft."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "benchmarks" / "bench_speedup.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    v, d, plain, fixed = {m: 0.006 for m in range(1, 9)}, 0.0003, 0.0064, 0.001
+    random_step = v[6] + (plain - v[1]) + 5 * d + fixed
+    level = lambda sec: {"levels": {"1": {"tokens_per_s": [1 / sec], "metrics": {"tau": 1.0}}}}  # noqa: E731
+    run = {
+        "costs": {"8b": {"verify_s": {str(m): t for m, t in v.items()}, "draft_s": {"eagle3": d}}},
+        "servers": {"8b alone": level(plain), "8b (random weights) random eagle3 k5": level(random_step)},
+    }
+    assert bench.spec_fixed([run], "8b") == pytest.approx(fixed)
+    assert bench.spec_fixed([{"costs": run["costs"], "servers": {"8b alone": level(plain)}}], "8b") == 0.0
+    c = costs.Costs(v, d, plain - v[1], spec_s=fixed)
+    assert c.gpu_step_s(1) == pytest.approx(v[2] + 0.0004 + d + fixed)
+    assert costs.bound(c, 1) == "the speculative step's fixed cost" and costs.bound(c, 5) == "drafting"

@@ -201,3 +201,14 @@ def _reads(cmdline, what: str) -> bool:
         return what in cmdline.read_bytes().decode(errors="replace")
     except OSError:  # the process ended while we looked
         return False
+
+
+def test_sampled_answers_to_many_long_prompts_at_once_keep_vllm_cpu_alive(serve_verifier, vllm_engine, tmp_path):
+    """vLLM's CPU build died on seeded sampling where it cut a prefill in two ('CPU Generator does not use offset':
+    the `default` profile with extra_samples 1, 120 prompts at once, 2026-12-06; this tiny verifier does not reproduce
+    it), so draftlab's CPU generation server schedules each prefill whole; 48 prompts of about 350 tokens, past the
+    scheduler's default budget of 2048 tokens a step, all come back sampled."""
+    long = [Prompt(f"long{i}", "chat", " ".join([TEXTS[i % len(TEXTS)]] * 7), "train") for i in range(48)]
+    got = sample_responses(serve_verifier, long, tmp_path, 1, 1.0, N_NEW, batch_size=48, engine=vllm_engine)
+    assert len(got) == 48 and all(len(v) == 1 for v in got.values())
+    assert "--no-enable-chunked-prefill" in vllm_engine.server.command

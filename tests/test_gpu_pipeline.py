@@ -24,8 +24,8 @@ def pipeline(tmp_path):
         f'{name})\n  report {name} {name}_files "/tmp/{name}-*.log" ;;\n'
         f'{name}-job)\n  echo start > /tmp/{name}-x.log; sleep "${{FAKE_S:-1}}"; echo done >> /tmp/{name}-x.log ;;\n'
     )
-    assert "served|speedup|torchrun)\n" in text
-    text = text.replace("served|speedup|torchrun)\n", job + "served|speedup|torchrun)\n", 1)
+    assert "served|speedup|torchrun|sweep)\n" in text
+    text = text.replace("served|speedup|torchrun|sweep)\n", job + "served|speedup|torchrun|sweep)\n", 1)
     text = text.replace("torchrun_files() {", f"{name}_files() {{ echo /tmp/{name}-x.log; }}\ntorchrun_files() {{", 1)
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "gpu_pipeline.sh").write_text(text)

@@ -12,9 +12,11 @@ where the host work per speculative step, c0 + k * c1, outlasts the GPU's (a sma
 (`Costs.host_s`, measured where vLLM serves several k). On top of either, each token a step accepts beyond the first
 costs the engine work it does not overlap with the device's (`Costs.per_token_s`, measured where one k was served at two
 taus: on one H100 host about the same on a 135M and on an 8B-shaped verifier, so not the GPU's; how much it is depends
-on the host, BENCHMARKS, issue 48), which is why a better draft's step is longer. A verifier whose step reads its
-weights from memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up approaches tau; where the engine
-or the drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict` gives every k, `best_k` the best
+on the host, BENCHMARKS, issue 48), which is why a better draft's step is longer. A speculative step also costs the
+device a fixed time its GEMMs do not show (the draft's pass over the accepted tokens, the rejection sampler, the
+proposals' hand-over: `Costs.spec_s`, measured on a verifier's own shape where a random draft was served, at tau 1).
+A verifier whose step reads its weights from memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up
+approaches tau; where the engine or the drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict` gives every k, `best_k` the best
 one, `bound` what limits it. V and D are measured as the engine runs them: on a GPU vLLM replays CUDA graphs, so they
 are the weight GEMMs of every layer in one CUDA graph (`time_gemms`); on a CPU vLLM runs eager torch (`time_forward`).
 """
@@ -37,6 +39,7 @@ class Costs:
     engine_s: float = 0.0
     host_s: tuple[float, float] | None = None
     per_token_s: float = 0.0  # each accepted token past a step's first, not overlapped (`step_s`)
+    spec_s: float = 0.0  # a speculative step's fixed device cost beyond V(k+1) + E + k D (served at tau 1)
     chain: bool = True  # k draft steps a verifier step (EAGLE-3); False: one pass drafts the block (DFlash, P-EAGLE)
     how: dict = field(default_factory=dict)  # how each was measured
 
@@ -44,7 +47,7 @@ class Costs:
         return self.verify_s[1] + self.engine_s
 
     def gpu_step_s(self, k: int) -> float:
-        return self.verify_s[k + 1] + self.engine_s + (k if self.chain else 1) * self.draft_s
+        return self.verify_s[k + 1] + self.engine_s + (k if self.chain else 1) * self.draft_s + self.spec_s
 
     def host_step_s(self, k: int) -> float:
         return self.host_s[0] + k * self.host_s[1] if self.host_s else 0.0
@@ -101,6 +104,7 @@ def bound(costs: Costs, k: int, tau: float = 1.0) -> str:
         "verifying k+1 tokens": costs.verify_s[k + 1] - costs.verify_s[1],
         "drafting": (k if costs.chain else 1) * costs.draft_s,
         "the engine's fixed cost": costs.engine_s,
+        "the speculative step's fixed cost": costs.spec_s,
         "the engine's work per accepted token": accepted,
     }
     return max(terms, key=terms.get)

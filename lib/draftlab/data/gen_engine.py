@@ -117,8 +117,18 @@ class Engine:
             gpu = cuda_share(v.device, 1, weights_bytes(v.path))
             self.stats["server GPU share"] = gpu.why
             print(gpu.why, flush=True)
+        # vLLM's CPU build cannot step a seeded request's generator back where it drops the token of a prefill it cut
+        # in two ('CPU Generator does not use offset': its engine died on sampled answers to 120 long prompts at once,
+        # 2026-12-06), so there no prefill is cut: each is scheduled whole, within a budget that holds the longest.
+        whole = ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_len, 8192))]
         s = Server(
-            v.path, dtype=self.dtype, device=str(v.device), max_model_len=max_len, log_path=self.log_path, gpu=gpu
+            v.path,
+            dtype=self.dtype,
+            device=str(v.device),
+            max_model_len=max_len,
+            log_path=self.log_path,
+            gpu=gpu,
+            extra_args=whole if v.device.type == "cpu" else (),
         )
         s.start()
         self.server = s
