@@ -123,7 +123,7 @@ def table(result: dict) -> str:
         cells = [f"{r['arm']}{mark}", json.dumps(r["settings"]) if r["settings"] else "-", str(r["steps"])]
         cells += [
             f"{r['training seconds']:.0f}",
-            *[f"{r.get(f'position {i}', float('nan')):.3f}" for i in range(1, pos + 1)],
+            *[f"{r[f'position {i}']:.3f}" if f"position {i}" in r else "-" for i in range(1, pos + 1)],
         ]
         lines.append("| " + " | ".join(cells + taus) + " |")
     return "\n".join(lines)
