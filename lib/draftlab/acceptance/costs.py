@@ -16,9 +16,10 @@ on the host, BENCHMARKS, issue 48), which is why a better draft's step is longer
 device a fixed time its GEMMs do not show (the draft's pass over the accepted tokens, the rejection sampler, the
 proposals' hand-over: `Costs.spec_s`, measured on a verifier's own shape where a random draft was served, at tau 1).
 A verifier whose step reads its weights from memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up
-approaches tau; where the engine or the drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict` gives every k, `best_k` the best
-one, `bound` what limits it. V and D are measured as the engine runs them: on a GPU vLLM replays CUDA graphs, so they
-are the weight GEMMs of every layer in one CUDA graph (`time_gemms`); on a CPU vLLM runs eager torch (`time_forward`).
+approaches tau; where the engine or the drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict`
+gives every k, `best_k` the best one, `bound` what limits it. V and D are measured as the engine runs them: on a GPU
+vLLM replays CUDA graphs, so they are the weight GEMMs of every layer in one CUDA graph (`time_gemms`); on a CPU vLLM
+runs eager torch (`time_forward`).
 """
 
 from __future__ import annotations
