@@ -59,6 +59,25 @@ def random_twin(draft_dir: Path, verifier_cfg: dict, out: Path) -> Path:
     return out
 
 
+def never_accepted(draft: Path, out: Path) -> Path:
+    """The same draft with every proposal moved to the next token id (its d2t map shifted by one): the very work of a
+    step at tau 1, so a step served with it, less the model's V(k+1) + E + k D, is a speculative step's fixed device
+    cost on that verifier (`spec_fixed`), with no trained draft's acceptance in it."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in draft.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy(f, out / f.name)
+    for f in draft.glob("*.safetensors"):
+        t = load_file(f)
+        if "d2t" in t:
+            i = torch.arange(t["d2t"].numel())
+            t["d2t"] = (i + t["d2t"] + 1) % t["t2d"].numel() - i
+        save_file(t, out / f.name, metadata={"format": "pt"})
+    return out
+
+
 def reference_dir(like: str, tokenizer_from: Path, out: Path) -> Path:
     """The reference model's config (`stand_in.reference_config`), the verifier's tokenizer beside it, no weights."""
     out.mkdir(parents=True, exist_ok=True)
@@ -147,7 +166,11 @@ def plan_servers(args, variants: dict, drafts: dict, tmp: Path) -> list[tuple[st
     order = list(reversed(variants))  # the stand-ins first
     first = [server(f"{v} alone", v) for v in order]
     first += [server(f"{v} {lead} k{ks[lead][0]}", v, draft_dir=drafts[v][lead], k=ks[lead][0]) for v in order if lead]
-    check = []
+    check = [  # a speculative step's fixed cost on each stand-in: its draft, never accepted (`spec_fixed`)
+        server(f"{v} {lead} k5 never accepted", v, draft_dir=never_accepted(drafts[v][lead], tmp / f"never-{v}"), k=5)
+        for v in args.like
+        if lead and args.spec_check
+    ]
     if args.reference:
         dummy = ["--load-format", "dummy"]
         for like in args.like:
@@ -220,6 +243,12 @@ def main() -> None:
     a.add_argument("--dtype", default="bfloat16")
     a.add_argument("--parallel", type=int, default=6, help="at most this many servers started together")
     a.add_argument("--reference", action="store_true")
+    a.add_argument(
+        "--spec-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve each stand-in with its draft never accepted (a speculative step's fixed cost)",
+    )
     a.add_argument("--kv-gib", type=float, default=4.0, help="each server's KV cache on a GPU")
     a.add_argument(
         "--define-reference",
@@ -392,19 +421,18 @@ def verifier_costs(result: dict, var: str, kind: str, engine: tuple, spec: float
 
 
 def spec_fixed(results: list[dict], like: str) -> float:
-    """A speculative step's fixed device cost on a stand-in's shape, beyond V(6) + E + 5 D: the step of the reference
-    check's random-weight draft at k 5 on the stand-in with random weights (`--reference`), served at tau 1, less
-    that run's own model of it; no trained draft's figure enters it. 0 where no result given served one."""
-    name = f"{like} (random weights) random eagle3 k5"
-    for r in results:
-        if (
-            name in r["servers"]
-            and "error" not in r["servers"][name]
-            and "eagle3" in r["costs"].get(like, {}).get("draft_s", {})
-        ):
-            return max(
-                one_in_flight(r, name)[0] - verifier_costs(r, like, "eagle3", ((0.0, 0.0), 0.0))[0].gpu_step_s(5), 0
-            )
+    """A speculative step's fixed device cost on a stand-in's shape, beyond V(6) + E + 5 D: a step served at k 5 with
+    a draft whose proposals are not accepted, less that run's own model of it; no trained draft's acceptance enters
+    it. The stand-in's own draft never accepted (`never_accepted`, the same work) where a result served it, else the
+    reference check's random-weight draft on the random-weight stand-in (`--reference`: its step at tau 1 measured
+    0.6 ms above the trained draft's at tau 1.2, so it overstates the cost); 0 where no result given served either."""
+    for name in (f"{like} eagle3 k5 never accepted", f"{like} (random weights) random eagle3 k5"):
+        for r in results:
+            drafted = "eagle3" in r["costs"].get(like, {}).get("draft_s", {})
+            if name in r["servers"] and "error" not in r["servers"][name] and drafted:
+                sec, tau = one_in_flight(r, name)
+                model = verifier_costs(r, like, "eagle3", ((0.0, 0.0), 0.0))[0]
+                return max((tau or 1.0) * sec - model.gpu_step_s(5), 0.0)
     return 0.0
 
 

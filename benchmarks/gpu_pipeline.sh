@@ -28,8 +28,8 @@
 #                       TRAINED=1 `served`: 01 again (~140 s) and each 05 (~300 s) -> the served tau.
 #   speedup    issue 48: SmolLM2 and its expansion to Llama-3.1-8B's shape (data.expand) served with a trained EAGLE-3
 #              (widened: drafts.expand) at KS (5,2,3,1,7), the reference shape with random weights for the cost check,
-#              the weight GEMMs timed for the cost model (benchmarks/bench_speedup.py; REFERENCE=0 leaves the
-#              reference out). Here first:
+#              the weight GEMMs timed for the cost model, the draft never accepted for a speculative step's fixed
+#              cost (benchmarks/bench_speedup.py; REFERENCE=0 leaves the reference out). Here first:
 #              `bash benchmarks/gpu_pipeline.sh pack-draft DATASET RUN` (a trained EAGLE-3 and the bench prompts
 #              into .draft/); call 2 carries it. TRAIN=1: the EAGLE-3 trained in the same lease instead (01 and 04
 #              of PROFILE with TRAIN_SETS, by default the recipe that fits beside the servers: first turns, one

@@ -88,7 +88,7 @@ def test_a_block_drafter_pays_one_pass_a_step_whatever_k():
 def test_a_family_the_served_section_could_not_serve_is_reported_not_served_again(monkeypatch):
     """notebook 05 (CI, 2026-12-05): a DFlash-2 draft vLLM refuses became a server start, and the refusal the notebook's
     failure. Now its served-section error is its row, and no server is started for it at that k."""
-    from draftlab.acceptance import speedup
+    from draftlab.acceptance import served, speedup  # noqa: F401  (served binds Server as it is imported: not patched)
     from draftlab.serving import server
 
     def no_server(*a, **kw):
@@ -154,3 +154,43 @@ def test_a_speculative_steps_fixed_device_cost_is_read_from_a_random_draft_serve
     c = costs.Costs(v, d, plain - v[1], spec_s=fixed)
     assert c.gpu_step_s(1) == pytest.approx(v[2] + 0.0004 + d + fixed)
     assert costs.bound(c, 1) == "the speculative step's fixed cost" and costs.bound(c, 5) == "drafting"
+
+
+def test_a_draft_never_accepted_does_the_same_work_and_proposes_the_next_token_id(tmp_path):
+    """`bench_speedup.never_accepted`: the draft's d2t moved by one token id (mod the verifier's vocabulary), every
+    other tensor and file the same, so a step served with it is the trained draft's work at tau 1; `spec_fixed`
+    reads that server before the reference check's random-weight one."""
+    import importlib.util
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "benchmarks" / "bench_speedup.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    src = tmp_path / "draft"
+    src.mkdir()
+    targets = torch.tensor([0, 5, 9, 11])  # draft id i proposes target id targets[i]; the verifier has 12 tokens
+    tensors = {
+        "d2t": targets - torch.arange(4),
+        "t2d": torch.zeros(12, dtype=torch.bool),
+        "fc.weight": torch.randn(3, 2),
+    }
+    save_file(tensors, src / "model.safetensors")
+    (src / "config.json").write_text('{"speculators_model_type": "eagle3"}')
+    out = load_file(bench.never_accepted(src, tmp_path / "never") / "model.safetensors")
+    assert (out["d2t"] + torch.arange(4)).tolist() == [1, 6, 10, 0]
+    assert torch.equal(out["fc.weight"], tensors["fc.weight"]) and torch.equal(out["t2d"], tensors["t2d"])
+    assert (tmp_path / "never" / "config.json").read_text() == (src / "config.json").read_text()
+    v, d, plain = {m: 0.006 for m in range(1, 9)}, 0.0003, 0.0064
+    level = lambda sec: {"levels": {"1": {"tokens_per_s": [1 / sec], "metrics": {"tau": 1.0}}}}  # noqa: E731
+    base = v[6] + (plain - v[1]) + 5 * d
+    run = {
+        "costs": {"8b": {"verify_s": {str(m): t for m, t in v.items()}, "draft_s": {"eagle3": d}}},
+        "servers": {
+            "8b alone": level(plain),
+            "8b (random weights) random eagle3 k5": level(base + 0.001),
+            "8b eagle3 k5 never accepted": level(base + 0.0005),
+        },
+    }
+    assert bench.spec_fixed([run], "8b") == pytest.approx(0.0005)

@@ -14,7 +14,7 @@ costs the engine work it does not overlap with the device's (`Costs.per_token_s`
 taus: on one H100 host about the same on a 135M and on an 8B-shaped verifier, so not the GPU's; how much it is depends
 on the host, BENCHMARKS, issue 48), which is why a better draft's step is longer. A speculative step also costs the
 device a fixed time its GEMMs do not show (the draft's pass over the accepted tokens, the rejection sampler, the
-proposals' hand-over: `Costs.spec_s`, measured on a verifier's own shape where a random draft was served, at tau 1).
+proposals' hand-over: `Costs.spec_s`, measured where a draft whose proposals are never accepted was served, tau 1).
 A verifier whose step reads its weights from memory (an 8B model on a GPU) has V(k+1) close to V(1), and the speed-up
 approaches tau; where the engine or the drafting dominates (a 135M verifier on a GPU), no tau pays it back. `predict`
 gives every k, `best_k` the best one, `bound` what limits it. V and D are measured as the engine runs them: on a GPU
