@@ -34,7 +34,7 @@ from draftlab.acceptance.together import start_together, stop_all
 from draftlab.data import stand_in
 from draftlab.data.expand import expand
 from draftlab.data.verifier_dir import resolve_verifier
-from draftlab.drafts.expand import expand_draft
+from draftlab.drafts.expand import expand_draft, never_accepted
 from draftlab.layout import RunLayout
 from draftlab.serving.counters import served_metrics
 from draftlab.serving.gpu_memory import GpuShare
@@ -56,25 +56,6 @@ def random_twin(draft_dir: Path, verifier_cfg: dict, out: Path) -> Path:
     cfg["eagle_aux_hidden_state_layer_ids"] = [2, layers // 2, layers - 3]
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    return out
-
-
-def never_accepted(draft: Path, out: Path) -> Path:
-    """The same draft with every proposal moved to the next token id (its d2t map shifted by one): the very work of a
-    step at tau 1, so a step served with it, less the model's V(k+1) + E + k D, is a speculative step's fixed device
-    cost on that verifier (`spec_fixed`), with no trained draft's acceptance in it."""
-    from safetensors.torch import load_file, save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    for f in draft.iterdir():
-        if f.is_file() and f.suffix != ".safetensors":
-            shutil.copy(f, out / f.name)
-    for f in draft.glob("*.safetensors"):
-        t = load_file(f)
-        if "d2t" in t:
-            i = torch.arange(t["d2t"].numel())
-            t["d2t"] = (i + t["d2t"] + 1) % t["t2d"].numel() - i
-        save_file(t, out / f.name, metadata={"format": "pt"})
     return out
 
 

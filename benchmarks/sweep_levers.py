@@ -32,9 +32,8 @@ from draftlab.layout import RunLayout
 from draftlab.training import arms
 
 
-def arm_run(profile: str, name: str, sets: dict) -> RunLayout:
-    """The arm's run: `<profile>-<name>`, on its own dataset where a stage-01 key is among its settings."""
-    base = config.load_profile(profile)["dataset_name"]
+def arm_run(profile: str, name: str, sets: dict, base: str) -> RunLayout:
+    """The arm's run: `<profile>-<name>`, on dataset `base`, or its own where a stage-01 key is among its settings."""
     own = any("01" in config.readers(key) for key in sets)
     return RunLayout(f"{base}-{name}" if own else base, f"{profile}-{name}")
 
@@ -49,12 +48,12 @@ def draftlab_run(profile: str, stages: str, run_name: str, sets: list[str]) -> N
     subprocess.run(cmd, check=True)
 
 
-def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base_sets: list[str] = ()) -> None:
+def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base: str, base_sets: list[str] = ()) -> None:
     """`draftlab run` for the arm: 04 (and 01 first on a dataset of its own), skipped where final/ is written;
     `base_sets` (`key=value`, the recipe every arm shares) before the arm's own."""
     if (layout.final(kind) / "config.json").is_file():
         return
-    own = layout.dataset_name != config.load_profile(profile)["dataset_name"]
+    own = layout.dataset_name != base
     extra = [f"dataset_name={layout.dataset_name}"] if own else []
     arm = [*base_sets, *extra, f"draft_kinds=[{kind}]", *(f"{k}={v}" for k, v in sets.items())]
     draftlab_run(profile, "01,04" if own else "04", layout.run_name, arm)
@@ -87,15 +86,16 @@ def main() -> None:
     for spec in args.arm:
         name, _, rest = spec.partition(":")
         parsed[name] = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in rest.split(",") if kv)}
-    base = RunLayout(config.load_profile(args.profile)["dataset_name"], args.profile)
+    params = config.load_profile(args.profile)
+    base = RunLayout(params["dataset_name"], args.profile)
     if not base.resolved_config("01").is_file() or any("01" in config.readers(s.split("=")[0]) for s in args.base):
         draftlab_run(args.profile, "01", args.profile, args.base)  # the shared dataset (01 resumes a finished one)
-    v = load_verifier(config.load_profile(args.profile)["verifier"], device=args.device, dtype=args.dtype)
+    v = load_verifier(params["verifier"], device=args.device, dtype=args.dtype)
     split_prompts = {s: load_spec_prompts(base.prompts, v.tokenizer, s, args.prompts) for s in ("eval", "bench")}
     rows = []
     for name, sets in parsed.items():
-        layout, cached = arm_run(args.profile, name, sets), out.parent / f"arm-{name}.json"
-        train_arm(args.profile, args.kind, layout, sets, args.base)
+        layout, cached = arm_run(args.profile, name, sets, base.dataset_name), out.parent / f"arm-{name}.json"
+        train_arm(args.profile, args.kind, layout, sets, base.dataset_name, args.base)
         if cached.is_file():
             row = json.loads(cached.read_text())
         else:

@@ -157,13 +157,15 @@ def test_a_speculative_steps_fixed_device_cost_is_read_from_a_random_draft_serve
 
 
 def test_a_draft_never_accepted_does_the_same_work_and_proposes_the_next_token_id(tmp_path):
-    """`bench_speedup.never_accepted`: the draft's d2t moved by one token id (mod the verifier's vocabulary), every
+    """`drafts.expand.never_accepted`: the draft's d2t moved by one token id (mod the verifier's vocabulary), every
     other tensor and file the same, so a step served with it is the trained draft's work at tau 1; `spec_fixed`
     reads that server before the reference check's random-weight one."""
     import importlib.util
 
     import torch
     from safetensors.torch import load_file, save_file
+
+    from draftlab.drafts.expand import never_accepted
 
     spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "benchmarks" / "bench_speedup.py")
     bench = importlib.util.module_from_spec(spec)
@@ -178,7 +180,7 @@ def test_a_draft_never_accepted_does_the_same_work_and_proposes_the_next_token_i
     }
     save_file(tensors, src / "model.safetensors")
     (src / "config.json").write_text('{"speculators_model_type": "eagle3"}')
-    out = load_file(bench.never_accepted(src, tmp_path / "never") / "model.safetensors")
+    out = load_file(never_accepted(src, tmp_path / "never") / "model.safetensors")
     assert (out["d2t"] + torch.arange(4)).tolist() == [1, 6, 10, 0]
     assert torch.equal(out["fc.weight"], tensors["fc.weight"]) and torch.equal(out["t2d"], tensors["t2d"])
     assert (tmp_path / "never" / "config.json").read_text() == (src / "config.json").read_text()

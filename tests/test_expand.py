@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,11 +10,9 @@ import torch
 from draftlab import DraftlabError
 from draftlab.data import stand_in
 from draftlab.data.expand import MARKER, expand
-from draftlab.drafts.expand import expand_draft
+from draftlab.drafts.expand import expand_draft, never_accepted
 
 from conftest import make_model, make_tokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = stand_in.Reference("Tiny-Ref", 64, 160, 9, 8, 4, 8, 1000, False)  # the tiny verifier's x2 wide, +1 layer
@@ -180,12 +176,9 @@ def test_vllm_serves_the_expansion_with_its_draft_and_writes_the_originals_greed
         got["runs"]["eagle3"]["drafts"] > 0
         and got["runs"]["eagle3"]["aux_layers_logged"] == got["runs"]["eagle3"]["aux_layers_checkpoint"]
     )
-    # the same draft never accepted (bench_speedup.never_accepted: its d2t moved by one id), the speculative step's
-    # fixed cost check: vLLM serves it, nothing it proposes is accepted, and the text is still the original's
-    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "benchmarks" / "bench_speedup.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    never = bench.never_accepted(big_draft, tmp_path / "never")
+    # the same draft never accepted (its d2t moved by one id), the speculative step's fixed cost check: vLLM serves
+    # it, nothing it proposes is accepted, and the text is still the original's
+    never = never_accepted(big_draft, tmp_path / "never")
     got = served.measure(v, {"eagle3": never}, prompts, 3, 12, tmp_path / "served-never", concurrency=(1,))
     run = got["runs"]["eagle3"]
     assert [o["token_ids"] for o in run["outputs"]] == refs and run["drafts"] > 0, sorted(run)

@@ -18,10 +18,15 @@ def _sweep():
 
 def test_arms_of_stage_01_get_their_own_dataset_and_the_table_marks_the_eval_choice():
     sweep = _sweep()
-    assert sweep.arm_run("default", "ttt3", {"ttt_steps": 3}).dataset_name == "smollm2-default"
-    assert sweep.arm_run("default", "ttt3", {"ttt_steps": 3}).run_name == "default-ttt3"
-    assert sweep.arm_run("default", "vocab", {"draft_vocab_size": 8192}).dataset_name == "smollm2-default-vocab"
-    assert sweep.arm_run("default", "text", {"extra_samples": 1}).dataset_name == "smollm2-default-text"
+    assert sweep.arm_run("default", "ttt3", {"ttt_steps": 3}, "smollm2-default").dataset_name == "smollm2-default"
+    assert sweep.arm_run("default", "ttt3", {"ttt_steps": 3}, "smollm2-default").run_name == "default-ttt3"
+    assert (
+        sweep.arm_run("default", "vocab", {"draft_vocab_size": 8192}, "smollm2-default").dataset_name
+        == "smollm2-default-vocab"
+    )
+    assert (
+        sweep.arm_run("default", "text", {"extra_samples": 1}, "smollm2-default").dataset_name == "smollm2-default-text"
+    )
 
     def tau(v):
         return {"value": v, "lo": v - 0.1, "hi": v + 0.1}

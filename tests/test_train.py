@@ -562,27 +562,13 @@ def test_online_rows_of_a_pack_are_asked_at_once_and_come_back_in_order():
         assert read_rows(ds, idx, requests) == [{"row": i} for i in idx] and ds.most == 1
 
 
-def test_noise_on_the_input_states_is_the_level_asked_leaves_the_targets_and_resumes_exactly(tiny, data, tmp_path):
-    """Issue 51's noise lever (`state_noise`, training.noise): each layer's slice of the draft's input states gets
-    noise of `level` times its own RMS, drawn from (seed, step); the states the targets come from are untouched; a run
-    with noise trains otherwise than one without, resumes to the same losses as a straight run, and a checkpoint made
-    before the setting existed resumes as one made without noise."""
+def test_a_run_with_noise_on_its_input_states_trains_otherwise_and_resumes_exactly(tiny, data, tmp_path):
+    """Issue 51's noise lever (`state_noise`, training.noise; its draw: tests/test_noise.py): a run with noise trains
+    otherwise than one without and resumes to the same losses as a straight run; a checkpoint made before the setting
+    existed resumes as one made without noise; a negative level, and the torchrun command with noise, are refused."""
     from draftlab.training import checkpoint as ckpt
-    from draftlab.training.noise import noised
+    from draftlab.training.launch import torchrun_command
 
-    scale = torch.tensor([1.0, 100.0, 0.01]).repeat_interleave(64)  # three layers of very different scale
-    batch = {"hidden_states": torch.randn(1, 500, 192) * scale, "verifier_last_hidden_states": torch.randn(1, 500, 64)}
-    a, b = noised(batch, 0.1, 0, 7), noised(batch, 0.1, 0, 7)
-    assert (
-        torch.equal(a["hidden_states"], b["hidden_states"])
-        and a["verifier_last_hidden_states"] is batch["verifier_last_hidden_states"]
-    )
-    assert not torch.equal(a["hidden_states"], noised(batch, 0.1, 0, 8)["hidden_states"])
-    added = (a["hidden_states"] - batch["hidden_states"]).reshape(1, 500, 3, 64)
-    rms = batch["hidden_states"].reshape(1, 500, 3, 64).pow(2).mean(-1).sqrt()
-    ratio = added.pow(2).mean(-1).sqrt() / rms  # per token and layer: about 0.1 whatever the layer's scale
-    assert 0.08 < ratio.median() < 0.12 and ratio.reshape(-1, 3).median(0).values.sub(0.1).abs().max() < 0.02
-    assert noised(batch, 0.0, 0, 7) is batch
     noisy = {**S, "state_noise": 0.2}
     plain = read_metrics(train(make(tiny, data), data, Settings(**S), tmp_path / "plain", progress=False))
     straight = read_metrics(train(make(tiny, data), data, Settings(**noisy), tmp_path / "a", progress=False))
@@ -592,19 +578,9 @@ def test_noise_on_the_input_states_is_the_level_asked_leaves_the_targets_and_res
     )
     torch.testing.assert_close([r["loss"] for r in straight], [r["loss"] for r in resumed], rtol=1e-5, atol=1e-6)
     assert [r["loss"] for r in straight][1:] != [r["loss"] for r in plain][1:]
-    assert (
-        ckpt.differences(
-            {k: v for k, v in {"state_noise": 0.0, "lr": 1}.items() if k != "state_noise"},
-            {
-                "state_noise": 0.0,
-                "lr": 1,
-            },
-        )
-        == []
-    )
+    assert ckpt.differences({"lr": 1}, {"state_noise": 0.0, "lr": 1}) == []
+    assert ckpt.differences({"lr": 1}, {"state_noise": 0.2, "lr": 1}) == ["state_noise"]
     with pytest.raises(DraftlabError, match=r"state_noise=-0.1: must be a number of at least 0"):
         Settings(**{**S, "state_noise": -0.1})
     with pytest.raises(DraftlabError, match=r"speculators train \(0.9.0\) has no noise transform"):
-        from draftlab.training.launch import torchrun_command
-
         torchrun_command(make(tiny, data), data, Settings(**noisy), nproc=1, save_path=tmp_path / "spec")

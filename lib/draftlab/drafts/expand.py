@@ -122,3 +122,23 @@ def expand_draft(draft_dir, expanded_verifier, out=None, seed: int = 0) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def never_accepted(draft: Path, out: Path) -> Path:
+    """The same draft with every proposal moved to the next token id (its d2t map shifted by one): the very work of a
+    step at tau 1, so a step served with it, less the model's V(k+1) + E + k D, is a speculative step's fixed device
+    cost on that verifier (benchmarks/bench_speedup.py's `spec_fixed`), with no trained draft's acceptance in it."""
+    from safetensors.torch import load_file, save_file
+
+    draft, out = Path(draft), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in draft.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy(f, out / f.name)
+    for f in draft.glob("*.safetensors"):
+        t = load_file(f)
+        if "d2t" in t:
+            i = torch.arange(t["d2t"].numel())
+            t["d2t"] = (i + t["d2t"] + 1) % t["t2d"].numel() - i
+        save_file(t, out / f.name, metadata={"format": "pt"})
+    return out
