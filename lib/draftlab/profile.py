@@ -199,16 +199,12 @@ def plan(profile: str, stages: list[str], run_name: str, overrides: dict, conver
 def _arm(name: str, cfg, layout):
     """An arm of `compare_runs` as 04 will read it: its drafts' folder, refused now where a kind has no metrics."""
     from draftlab.families import partition
-    from draftlab.training.arms import arm_layout
+    from draftlab.training.arms import arm_layout, untrained
 
     arm = arm_layout(name, layout)
     missing = [k for k in partition(cfg.draft_kinds)[0] if not (arm.draft(k) / "metrics.jsonl").is_file()]
     if missing:
-        raise DraftlabError(
-            f"compare_runs: arm {name!r} has no {missing[0]} run at {arm.draft(missing[0])}. Train it first "
-            f"(draftlab run --only 04 --run-name {arm.run_name} with that arm's profile), or take it out of "
-            "compare_runs."
-        )
+        raise untrained(name, arm, f"no {missing[0]} run at {arm.draft(missing[0])}")
     return arm.drafts
 
 

@@ -21,6 +21,14 @@ def arm_layout(name: str, layout: RunLayout) -> RunLayout:
     return RunLayout(dataset or layout.dataset_name, run, layout.root)
 
 
+def untrained(name: str, arm: RunLayout, lacks: str) -> DraftlabError:
+    """The refusal of an arm that `lacks` something (a kind's run, its held-out evaluation), naming the run to train."""
+    return DraftlabError(
+        f"compare_runs: arm {name!r} has {lacks}. Train it first (draftlab run --only 04 --run-name {arm.run_name} "
+        "with that arm's profile), or take it out of compare_runs."
+    )
+
+
 def read_arms(layout: RunLayout, names: list[str], kinds: list[str]) -> dict[str, dict[str, list[dict]]]:
     """{arm: {kind: metrics records}}: this run first (named by its run), then each of `names` in their order.
     An arm without a held-out evaluation of a kind is refused, naming its folder and the run that makes it."""
@@ -30,11 +38,7 @@ def read_arms(layout: RunLayout, names: list[str], kinds: list[str]) -> dict[str
         out[name] = {kind: read_metrics(arm.draft(kind)) for kind in kinds}
         empty = [k for k, rec in out[name].items() if not any(r["split"] == "eval" for r in rec)]
         if empty:
-            raise DraftlabError(
-                f"compare_runs: arm {name!r} has no held-out evaluation of {', '.join(empty)} in "
-                f"{arm.draft(empty[0])}. Train it first (draftlab run --only 04 --run-name {arm.run_name} with the "
-                f"profile of that arm), or take {name!r} out of compare_runs."
-            )
+            raise untrained(name, arm, f"no held-out evaluation of {', '.join(empty)} in {arm.draft(empty[0])}")
     return out
 
 
