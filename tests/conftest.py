@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,6 +69,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def embedded_dir(tmp_path_factory):
+    """The embedded SmolLM2 de-quantised once per session (the checkout's own copy where `make run` made one), for
+    the DRAFTLAB_HOMEs that `link_embedded` gives it: each converting its own wrote 517 MB, 3.6 GB a pytest run."""
+    from draftlab.data.embedded import EMBEDDED_NAME, convert_embedded, converted
+
+    ours = Path(__file__).resolve().parents[1] / "data" / "verifiers" / EMBEDDED_NAME
+    return converted(ours) or convert_embedded(tmp_path_factory.mktemp("embedded") / EMBEDDED_NAME)
+
+
+def link_embedded(home: Path, embedded: Path) -> None:
+    """`home/data/verifiers/<name>` a link to the session's converted verifier, as if `home` had converted it."""
+    (home / "data" / "verifiers").mkdir(parents=True, exist_ok=True)
+    (home / "data" / "verifiers" / embedded.name).symlink_to(embedded, target_is_directory=True)
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,20 @@ def test_a_checkpoint_past_the_file_size_limit_is_named_and_the_last_one_kept(tm
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_a_new_checkpoint_replaces_the_last_only_once_it_is_whole_and_keep_keeps_more(tmp_path):
+    """A full disk in CI came from every family keeping two checkpoints of three times the draft each."""
+    from draftlab.training import checkpoint
+
+    draft, opt, sched = _trainer()
+    for step in (1, 2):
+        checkpoint.save(tmp_path / "one", draft, step, opt, sched, (0, step), {})
+        checkpoint.save(tmp_path / "two", draft, step, opt, sched, (0, step), {}, keep=2)
+    checkpoint.save(tmp_path / "two", draft, 3, opt, sched, (0, 3), {}, keep=2)
+    assert [p.name for p in checkpoint.checkpoints(tmp_path / "one")] == ["step-2"]
+    assert [p.name for p in checkpoint.checkpoints(tmp_path / "two")] == ["step-2", "step-3"]
+    assert sorted(p.name for p in (tmp_path / "one" / "checkpoints").iterdir()) == ["step-2"]
+
+
 def test_final_past_the_file_size_limit_is_named_and_keeps_the_earlier_final(tmp_path):
     from draftlab.training import final
 

@@ -12,7 +12,7 @@ import pytest
 
 from draftlab import DraftlabError
 
-from conftest import notebook
+from conftest import link_embedded, notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,8 +21,10 @@ MARKING = notebook("open('ran', 'w').write('yes')")
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A checkout with the real profiles and stand-in notebooks 01-05 (each writes notebooks/ran)."""
+def home(tmp_path, monkeypatch, embedded_dir):
+    """A checkout with the real profiles, the converted embedded verifier and stand-in notebooks 01-05 (each writes
+    notebooks/ran)."""
+    link_embedded(tmp_path, embedded_dir)
     shutil.copytree(ROOT / "notebooks" / "params", tmp_path / "notebooks" / "params")
     for nb in ("01_a", "02_b", "03_c", "04_d", "05_e"):
         (tmp_path / "notebooks" / f"{nb}.ipynb").write_text(json.dumps(MARKING))

@@ -17,11 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A DRAFTLAB_HOME with the shipped profiles and one notebook per stage that fails if it is ever run."""
+def home(tmp_path, monkeypatch, embedded_dir):
+    """A DRAFTLAB_HOME with the shipped profiles, the converted embedded verifier and one notebook per stage that
+    fails if it is ever run."""
     import json
 
-    from conftest import notebook
+    from conftest import link_embedded, notebook
+
+    link_embedded(tmp_path, embedded_dir)
 
     shutil.copytree(ROOT / "notebooks" / "params", tmp_path / "notebooks" / "params")
     for name in ("01_a", "02_b", "03_c", "04_d", "05_e"):

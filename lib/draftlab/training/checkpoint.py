@@ -65,9 +65,11 @@ def set_rng_state(state: dict) -> None:
 
 
 def save(
-    run_dir: Path, draft, step: int, optimizer, scheduler, position: tuple[int, int], hp: dict, keep: int = 2
+    run_dir: Path, draft, step: int, optimizer, scheduler, position: tuple[int, int], hp: dict, keep: int = 1
 ) -> Path:
-    """Write `checkpoints/step-<step>/` atomically; keep the newest `keep` checkpoints."""
+    """Write `checkpoints/step-<step>/` atomically; keep the newest `keep` checkpoints. One is the default: with
+    AdamW's two moments a checkpoint is three times the draft (400 MB for a SmolLM2 EAGLE-3 draft with its
+    embeddings), and a checkout training every family filled a CI disk when two were kept."""
     bad = nan_parameters(draft.model)
     if bad:  # never let a poisoned model overwrite a good checkpoint
         raise DraftlabError(

@@ -36,7 +36,7 @@ class Settings:
     eval_every: int = 50
     checkpoint_every: int = 50
     eval_packs: int | None = None  # None: the whole held-out split
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 1  # a save is atomic (checkpoint.publish), so the newest is all a resume needs
     loader_workers: int | None = None  # processes reading packs ahead; None: device.loader_workers picks
     hidden_states: str = "offline"  # "offline": stage 01's files; "online": made by vLLM as packs are read
     online_requests: int = 16  # online: rows of its pack each reader asks vLLM for at once (data.read_rows)
