@@ -8,9 +8,13 @@ the sweep's `--set`s (the recipe every arm shares) and then its own; an arm that
 (`draft_vocab_size`, `extra_samples`, ...) gets a dataset of its own (`<dataset>-<arm>`) and runs 01 too. Then
 draftlab's loop decodes `--prompts` eval prompts (the split the winner is chosen on) and as many bench prompts (the
 split it is reported on) at k `--k`, greedy, from the base dataset's prompt set, so every arm meets the same prompts;
-tau is pooled with a bootstrap interval over prompts. An arm already trained and measured is read back, so the sweep
-resumes where it stopped. The table: arm, training seconds (what the lever cost), held-out accuracy per drafted
-position, eval tau, bench tau; the winner is the arm of highest eval tau.
+tau is pooled with a bootstrap interval over prompts, and each arm's difference from the first arm (the base) on the
+same prompts with a paired interval (a prompt's difficulty cancels, so a lever is told apart where two overlapping
+intervals would not). An arm already trained and measured is read back, so the sweep resumes where it stopped. The
+table: arm, training seconds (what the lever cost), the draft vocabulary's eval coverage, the train split's supervised
+tokens, held-out accuracy per drafted position, eval tau, bench tau and bench tau minus the base's; the winner is the
+arm of highest eval tau. `levers.png` draws the bench differences, `levers_cost.png` bench tau against training seconds
+and against the train text.
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ import yaml
 
 from draftlab import config
 from draftlab.acceptance.evaluate import load_spec_prompts, run_prompts
-from draftlab.acceptance.intervals import POOLED, estimate, step_table
+from draftlab.acceptance.intervals import POOLED, StepRecord, estimate, paired, step_table
+from draftlab.acceptance.plots import paired_plot
 from draftlab.acceptance.proposers import load_run_drafts
 from draftlab.data.verifier import load_verifier
 from draftlab.layout import RunLayout
 from draftlab.training import arms
+from draftlab.training.plots import levers_cost
+
+SPLITS = ("eval", "bench")  # the split the choice is made on, the split reported
 
 
 def arm_run(profile: str, name: str, sets: dict, base: str) -> RunLayout:
@@ -60,11 +68,24 @@ def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base: str,
 
 
 def tau_on(verifier, layout: RunLayout, kind: str, prompts: list[dict], k: int, tokens: int) -> dict:
-    """Pooled tau with its 95% bootstrap interval over prompts, and per-position acceptance, in draftlab's loop."""
+    """Pooled tau with its 95% bootstrap interval over prompts, per-position acceptance, and the step table (each
+    prompt's [start, drafted, accepted] per verifier pass, for the paired comparisons), in draftlab's loop."""
     proposer = load_run_drafts(layout, verifier, [kind]).proposers[kind]
-    est = estimate(step_table(run_prompts(verifier, proposer, prompts, k, tokens)), k)
+    table = step_table(run_prompts(verifier, proposer, prompts, k, tokens))
+    est = estimate(table, k)
     pos = [round(est[f"p_{i}"][POOLED]["value"], 4) for i in range(1, k + 1)]
-    return {**{x: round(est["tau"][POOLED][x], 4) for x in ("value", "lo", "hi")}, "p": pos, "prompts": len(prompts)}
+    tau = {x: round(est["tau"][POOLED][x], 4) for x in ("value", "lo", "hi")}
+    return {**tau, "p": pos, "prompts": len(prompts), "steps": [[list(s) for s in steps] for steps in table]}
+
+
+def against_base(rows: list[dict], split: str) -> list[dict]:
+    """Each later arm's pooled tau minus the first arm's on `split`'s prompts, with the paired interval."""
+
+    def table(row):
+        return [[StepRecord(*s) for s in steps] for steps in row[f"{split} tau"]["steps"]]
+
+    base = rows[0]
+    return [paired(table(r), table(base), r["arm"], base["arm"]) for r in rows[1:]]
 
 
 def main() -> None:
@@ -96,36 +117,48 @@ def main() -> None:
     for name, sets in parsed.items():
         layout, cached = arm_run(args.profile, name, sets, base.dataset_name), out.parent / f"arm-{name}.json"
         train_arm(args.profile, args.kind, layout, sets, base.dataset_name, args.base)
-        if cached.is_file():
-            row = json.loads(cached.read_text())
-        else:
+        row = json.loads(cached.read_text()) if cached.is_file() else {}
+        if "steps" not in row.get("bench tau", {}):  # not measured, or measured before step tables were kept
             trained = arms.arm_table({name: {args.kind: arms.read_metrics(layout.draft(args.kind))}})[0]
             row = {**trained, "settings": sets, "run": f"{layout.dataset_name}/{layout.run_name}"}
+            row["data"] = arms.arm_data(layout)
             for split, prompts in split_prompts.items():
                 row[f"{split} tau"] = tau_on(v, layout, args.kind, prompts, args.k, args.max_new_tokens)
-                print(f"{name} {split} tau {row[f'{split} tau']}", flush=True)
-            cached.write_text(json.dumps(row, indent=1))
+                print(f"{name} {split} tau {row[f'{split} tau']['value']}", flush=True)
+            cached.write_text(json.dumps(row))
         rows.append(row)
     best = max(rows, key=lambda r: r["eval tau"]["value"])
-    result = {"args": vars(args), "chosen on eval": best["arm"], "arms": rows}
+    vs = {split: against_base(rows, split) for split in SPLITS}
+    result = {"args": vars(args), "chosen on eval": best["arm"], "arms": rows, "against the base": vs}
     out.write_text(json.dumps(result, indent=1))
+    title = f"{args.kind}, k {args.k}: bench tau minus the base's on the same {args.prompts} prompts"
+    paired_plot(vs["bench"], title).savefig(out.with_name("levers.png"), dpi=120)
+    levers_cost(rows).savefig(out.with_name("levers_cost.png"), dpi=120)
     print(table(result))
 
 
 def table(result: dict) -> str:
-    """The levers table (markdown): the chosen arm marked; bench tau is what is reported."""
+    """The levers table (markdown): the chosen arm marked; bench tau is what is reported, beside its paired
+    difference from the base (marked * where the interval leaves out 0)."""
     pos = max(len([k for k in r if k.startswith("position ")]) for r in result["arms"])
-    head = ["arm", "settings", "steps", "training s", *[f"acc {i}" for i in range(1, pos + 1)], "eval tau", "bench tau"]
+    head = ["arm", "settings", "steps", "training s", "vocab (eval coverage)", "train tokens"]
+    head += [*[f"acc {i}" for i in range(1, pos + 1)], "eval tau", "bench tau", "bench - base"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    vs = {c["a"]: c for c in result.get("against the base", {}).get("bench", [])}
     for r in result["arms"]:
         mark = " (chosen on eval)" if r["arm"] == result["chosen on eval"] else ""
         taus = [f"{r[s]['value']:.3f} [{r[s]['lo']:.3f}, {r[s]['hi']:.3f}]" for s in ("eval tau", "bench tau")]
+        d, data = vs.get(r["arm"]), r.get("data", {})
+        told = d is not None and not d["lo"] <= 0 <= d["hi"]
+        diff = "-" if d is None else f"{d['difference']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" + "*" * told
         cells = [f"{r['arm']}{mark}", json.dumps(r["settings"]) if r["settings"] else "-", str(r["steps"])]
         cells += [
             f"{r['training seconds']:.0f}",
+            f"{data['draft vocabulary']} ({data['eval coverage']:.1%})" if data else "-",
+            f"{data['train tokens']:,}" if data else "-",
             *[f"{r[f'position {i}']:.3f}" if f"position {i}" in r else "-" for i in range(1, pos + 1)],
         ]
-        lines.append("| " + " | ".join(cells + taus) + " |")
+        lines.append("| " + " | ".join(cells + taus + [diff]) + " |")
     return "\n".join(lines)
 
 

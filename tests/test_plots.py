@@ -43,6 +43,15 @@ def _cases():
         "training_curves": lambda: train_plots.training_curves(runs),
         "position_accuracy": lambda: train_plots.position_curves(runs),
         "position_accuracy_arms": lambda: train_plots.arm_curves({"gpu": runs, "gpu-ttt5": runs}),
+        "levers_cost": lambda: train_plots.levers_cost(
+            [
+                {"arm": a, "training seconds": s, "data": {"train tokens": n}, "bench tau": tau}
+                for a, s, n, tau in (
+                    ("base", 40, 100, {"value": 1.2, "lo": 1, "hi": 2}),
+                    ("more", 60, 200, {"value": 1.4, "lo": 1, "hi": 2}),
+                )
+            ]
+        ),
         "accepted_length_hist": lambda: accept_plots.accepted_length_histogram({"ngram": [3, 2, 1]}, "t"),
         "alpha_n": lambda: accept_plots.alpha_plot({"ngram online": [0.8, None], "eagle3 offline": [0.9, 0.5]}, "t"),
         "tau_vs_k": lambda: accept_plots.tau_vs_k({"ngram": {1: 1.4, 3: 1.9}}, "t"),

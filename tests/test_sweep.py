@@ -1,10 +1,13 @@
 """Issue 51's sweep (benchmarks/sweep_levers.py): an arm that changes stage 01 gets a dataset of its own, one that
-changes training shares the base dataset, and the levers table marks the arm chosen on eval, beside its bench tau."""
+changes training shares the base dataset, and the levers table marks the arm chosen on eval, beside its bench tau
+and its paired difference from the base."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +48,29 @@ def test_arms_of_stage_01_get_their_own_dataset_and_the_table_marks_the_eval_cho
     ]
     text = sweep.table({"chosen on eval": "noise", "arms": rows})
     assert (
-        '| noise (chosen on eval) | {"state_noise": 0.1} | 9 | 4 | 0.500 | 1.400 [1.300, 1.500] '
-        "| 1.250 [1.150, 1.350] |" in text
+        '| noise (chosen on eval) | {"state_noise": 0.1} | 9 | 4 | - | - | 0.500 | 1.400 [1.300, 1.500] '
+        "| 1.250 [1.150, 1.350] | - |" in text
     )
     assert "| base | - | 9 |" in text
+
+
+def test_each_arm_is_compared_with_the_base_on_the_same_prompts_and_the_table_marks_a_difference_told_apart():
+    sweep = _sweep()
+
+    def arm(name, steps):
+        tau = {"value": 0.0, "lo": 0.0, "hi": 0.0, "steps": steps}
+        return {"arm": name, "settings": {}, "steps": 9, "training seconds": 4.0, "eval tau": tau, "bench tau": tau}
+
+    # per prompt, its verifier passes [start, drafted, accepted]: the base pools tau 1 + 2/3, the arm 1 + 5/2
+    base = arm("base", [[[0, 5, 1], [2, 5, 1]], [[0, 5, 0]]])
+    rows = [base, arm("ttt5", [[[0, 5, 3]], [[0, 5, 2]]]), arm("same", base["bench tau"]["steps"])]
+    vs = sweep.against_base(rows, "bench")
+    assert [(c["a"], c["b"]) for c in vs] == [("ttt5", "base"), ("same", "base")]
+    assert vs[0]["difference"] == pytest.approx(3.5 - 5 / 3) and vs[0]["lo"] > 0  # every resample of 2 prompts
+    assert vs[1]["difference"] == 0 and vs[1]["lo"] == vs[1]["hi"] == 0
+    rows = [{**r, "data": {"draft vocabulary": 4096, "eval coverage": 0.8648, "train tokens": 14534}} for r in rows]
+    text = sweep.table({"chosen on eval": "base", "arms": rows, "against the base": {"bench": vs}})
+    assert "| ttt5 | - | 9 | 4 | 4096 (86.5%) | 14,534 |" in text and "| +1.833 [+1.833, +2.000]* |" in text
+    lines = text.splitlines()
+    assert lines[2].startswith("| base (chosen on eval) |") and lines[2].endswith("| - |")  # no difference of its own
+    assert lines[4].endswith("| +0.000 [+0.000, +0.000] |")  # not told apart: no mark

@@ -114,7 +114,7 @@ def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data, la
     run = train(d, layout, Settings(**{**S, "train_steps": 6, "eval_every": 3, "checkpoint_every": 2}), progress=False)
     assert run == layout.draft("eagle3") and final_checkpoint(layout, "eagle3") == run / "final"
     assert run.parent == layout.drafts and layout.drafts.name == "test"  # keyed by run: runs never share one
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4", "step-6"]  # the newest two are kept
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-6"]  # the newest only (keep_checkpoints)
     assert {p.name for p in (run / "checkpoints" / "step-6").iterdir()} >= {
         "config.json",
         "model.safetensors",

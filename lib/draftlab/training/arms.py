@@ -9,6 +9,8 @@ already trained, never re-run.
 
 from __future__ import annotations
 
+import json
+
 from draftlab import DraftlabError
 from draftlab.layout import RunLayout
 from draftlab.training.start import read_metrics
@@ -70,3 +72,22 @@ def arm_table(arms: dict[str, dict[str, list[dict]]]) -> list[dict]:
                 }
             )
     return rows
+
+
+def arm_data(layout: RunLayout) -> dict:
+    """What an arm trained on, read off its dataset: the draft vocabulary, the share of the eval split's supervised
+    tokens it can emit (what a vocabulary lever buys) and the train split's supervised tokens (the verifier's text the
+    draft learns from: the x of a more-text lever's curve; the same for every arm that shares a dataset)."""
+    import numpy as np
+    import torch
+
+    from draftlab.data.vocab import heldout_coverage
+
+    n = json.loads(layout.resolved_config("01").read_text())["config"]["draft_vocab_size"]
+    freq = {s: torch.load(layout.split(s) / "token_freq.pt", weights_only=True) for s in ("train", "eval")}
+    t2d = torch.from_numpy(np.load(layout.vocab(n)[1]))
+    return {
+        "draft vocabulary": n,
+        "eval coverage": round(heldout_coverage(freq["eval"], t2d), 4),
+        "train tokens": int(sum(freq["train"].values())),
+    }

@@ -93,3 +93,26 @@ def arm_curves(arms: dict[str, dict[str, list[dict]]]):
         row[0].legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def levers_cost(rows: list[dict]):
+    """A sweep's arms (`benchmarks/sweep_levers.py` rows): bench tau with its interval against the training seconds
+    the arm cost (what a lever buys per device-second) and against the train split's supervised tokens (a more-text
+    lever's curve: how much more of the verifier's text would reach a target)."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, x_of, label in (
+        (axes[0], lambda r: r["training seconds"], "training seconds (device time)"),
+        (axes[1], lambda r: r["data"]["train tokens"], "train split's supervised tokens (the verifier's text)"),
+    ):
+        for i, r in enumerate(rows):
+            t, x = r["bench tau"], x_of(r)
+            err = [[t["value"] - t["lo"]], [t["hi"] - t["value"]]]
+            ax.errorbar([x], [t["value"]], yerr=err, fmt="o", color=f"C{i}")
+            ax.annotate(r["arm"], (x, t["value"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.set_xlabel(label)
+        ax.set_ylabel("bench tau, pooled, 95% interval")
+        ax.grid(alpha=0.3)
+    axes[0].set_title("what each lever buys, against what it cost", fontsize=10)
+    axes[1].set_title("bench tau against the text the draft learned from", fontsize=10)
+    fig.tight_layout()
+    return fig
