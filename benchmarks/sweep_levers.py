@@ -11,10 +11,10 @@ split it is reported on) at k `--k`, greedy, from the base dataset's prompt set,
 tau is pooled with a bootstrap interval over prompts, and each arm's difference from the first arm (the base) on the
 same prompts with a paired interval (a prompt's difficulty cancels, so a lever is told apart where two overlapping
 intervals would not). An arm already trained and measured is read back, so the sweep resumes where it stopped. The
-table: arm, training seconds (what the lever cost), the draft vocabulary's eval coverage, the train split's supervised
-tokens, held-out accuracy per drafted position, eval tau, bench tau and bench tau minus the base's; the winner is the
-arm of highest eval tau. `levers.png` draws the bench differences, `levers_cost.png` bench tau against training seconds
-and against the train text.
+table: arm, training seconds and, for an arm with a dataset of its own, notebook 01's (what the lever cost), the draft
+vocabulary's eval coverage, the train split's supervised tokens, held-out accuracy per drafted position, eval tau,
+bench tau and bench tau minus the base's; the winner is the arm of highest eval tau. `levers.png` draws the bench
+differences, `levers_cost.png` bench tau against those seconds and against the train text.
 """
 
 from __future__ import annotations
@@ -65,6 +65,16 @@ def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base: str,
     extra = [f"dataset_name={layout.dataset_name}"] if own else []
     arm = [*base_sets, *extra, f"draft_kinds=[{kind}]", *(f"{k}={v}" for k, v in sets.items())]
     draftlab_run(profile, "01,04" if own else "04", layout.run_name, arm)
+
+
+def own_01_seconds(layout: RunLayout, base: str) -> float | None:
+    """The wall seconds of notebook 01 for an arm with a dataset of its own (`draftlab run`'s summary.json of the arm's
+    run): part of what its lever costs. None for an arm on the shared dataset, or where a later run replaced that
+    summary."""
+    path = layout.outputs / "summary.json"
+    if layout.dataset_name == base or not path.is_file():
+        return None
+    return next((r["seconds"] for r in json.loads(path.read_text()) if r["notebook"].startswith("01")), None)
 
 
 def tau_on(verifier, layout: RunLayout, kind: str, prompts: list[dict], k: int, tokens: int) -> dict:
@@ -126,7 +136,7 @@ def main() -> None:
                 row[f"{split} tau"] = tau_on(v, layout, args.kind, prompts, args.k, args.max_new_tokens)
                 print(f"{name} {split} tau {row[f'{split} tau']['value']}", flush=True)
             cached.write_text(json.dumps(row))
-        rows.append(row)
+        rows.append({**row, "01 seconds": own_01_seconds(layout, base.dataset_name)})
     best = max(rows, key=lambda r: r["eval tau"]["value"])
     vs = {split: against_base(rows, split) for split in SPLITS}
     result = {"args": vars(args), "chosen on eval": best["arm"], "arms": rows, "against the base": vs}
@@ -141,7 +151,7 @@ def table(result: dict) -> str:
     """The levers table (markdown): the chosen arm marked; bench tau is what is reported, beside its paired
     difference from the base (marked * where the interval leaves out 0)."""
     pos = max(len([k for k in r if k.startswith("position ")]) for r in result["arms"])
-    head = ["arm", "settings", "steps", "training s", "vocab (eval coverage)", "train tokens"]
+    head = ["arm", "settings", "steps", "training s", "own 01 s", "vocab (eval coverage)", "train tokens"]
     head += [*[f"acc {i}" for i in range(1, pos + 1)], "eval tau", "bench tau", "bench - base"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     vs = {c["a"]: c for c in result.get("against the base", {}).get("bench", [])}
@@ -154,6 +164,7 @@ def table(result: dict) -> str:
         cells = [f"{r['arm']}{mark}", json.dumps(r["settings"]) if r["settings"] else "-", str(r["steps"])]
         cells += [
             f"{r['training seconds']:.0f}",
+            "-" if r.get("01 seconds") is None else f"{r['01 seconds']:.0f}",
             f"{data['draft vocabulary']} ({data['eval coverage']:.1%})" if data else "-",
             f"{data['train tokens']:,}" if data else "-",
             *[f"{r[f'position {i}']:.3f}" if f"position {i}" in r else "-" for i in range(1, pos + 1)],

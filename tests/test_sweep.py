@@ -5,6 +5,7 @@ and its paired difference from the base."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def test_arms_of_stage_01_get_their_own_dataset_and_the_table_marks_the_eval_cho
     ]
     text = sweep.table({"chosen on eval": "noise", "arms": rows})
     assert (
-        '| noise (chosen on eval) | {"state_noise": 0.1} | 9 | 4 | - | - | 0.500 | 1.400 [1.300, 1.500] '
+        '| noise (chosen on eval) | {"state_noise": 0.1} | 9 | 4 | - | - | - | 0.500 | 1.400 [1.300, 1.500] '
         "| 1.250 [1.150, 1.350] | - |" in text
     )
     assert "| base | - | 9 |" in text
@@ -68,9 +69,23 @@ def test_each_arm_is_compared_with_the_base_on_the_same_prompts_and_the_table_ma
     assert [(c["a"], c["b"]) for c in vs] == [("ttt5", "base"), ("same", "base")]
     assert vs[0]["difference"] == pytest.approx(3.5 - 5 / 3) and vs[0]["lo"] > 0  # every resample of 2 prompts
     assert vs[1]["difference"] == 0 and vs[1]["lo"] == vs[1]["hi"] == 0
-    rows = [{**r, "data": {"draft vocabulary": 4096, "eval coverage": 0.8648, "train tokens": 14534}} for r in rows]
+    data = {"draft vocabulary": 4096, "eval coverage": 0.8648, "train tokens": 14534}
+    rows = [{**r, "data": data, "01 seconds": 293.1 if r["arm"] == "ttt5" else None} for r in rows]
     text = sweep.table({"chosen on eval": "base", "arms": rows, "against the base": {"bench": vs}})
-    assert "| ttt5 | - | 9 | 4 | 4096 (86.5%) | 14,534 |" in text and "| +1.833 [+1.833, +2.000]* |" in text
+    assert "| ttt5 | - | 9 | 4 | 293 | 4096 (86.5%) | 14,534 |" in text and "| +1.833 [+1.833, +2.000]* |" in text
     lines = text.splitlines()
     assert lines[2].startswith("| base (chosen on eval) |") and lines[2].endswith("| - |")  # no difference of its own
     assert lines[4].endswith("| +0.000 [+0.000, +0.000] |")  # not told apart: no mark
+
+
+def test_an_arm_of_its_own_dataset_is_charged_its_notebook_01_and_one_on_the_shared_dataset_is_not(tmp_path):
+    from draftlab.layout import RunLayout
+
+    sweep = _sweep()
+    own, shared = RunLayout("d-text2x", "p-text2x", tmp_path), RunLayout("d", "p-ttt3", tmp_path)
+    assert sweep.own_01_seconds(own, "d") is None  # no summary: nothing claimed
+    for layout in (own, shared):
+        layout.outputs.mkdir(parents=True)
+        runs = [{"notebook": "01_extract.ipynb", "seconds": 293.1}, {"notebook": "04_train.ipynb", "seconds": 9}]
+        (layout.outputs / "summary.json").write_text(json.dumps(runs))
+    assert sweep.own_01_seconds(own, "d") == 293.1 and sweep.own_01_seconds(shared, "d") is None

@@ -96,12 +96,13 @@ def arm_curves(arms: dict[str, dict[str, list[dict]]]):
 
 
 def levers_cost(rows: list[dict]):
-    """A sweep's arms (`benchmarks/sweep_levers.py` rows): bench tau with its interval against the training seconds
-    the arm cost (what a lever buys per device-second) and against the train split's supervised tokens (a more-text
-    lever's curve: how much more of the verifier's text would reach a target)."""
+    """A sweep's arms (`benchmarks/sweep_levers.py` rows): bench tau with its interval against the seconds the arm
+    cost (its training, and its own notebook 01 where it made a dataset of its own: what a lever buys per
+    device-second) and against the train split's supervised tokens (a more-text lever's curve: how much more of the
+    verifier's text would reach a target)."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for ax, x_of, label in (
-        (axes[0], lambda r: r["training seconds"], "training seconds (device time)"),
+        (axes[0], lambda r: r["training seconds"] + (r.get("01 seconds") or 0.0), "seconds: training + its own 01"),
         (axes[1], lambda r: r["data"]["train tokens"], "train split's supervised tokens (the verifier's text)"),
     ):
         for i, r in enumerate(rows):
