@@ -139,7 +139,10 @@ def main() -> None:
         rows.append({**row, "01 seconds": own_01_seconds(layout, base.dataset_name)})
     best = max(rows, key=lambda r: r["eval tau"]["value"])
     vs = {split: against_base(rows, split) for split in SPLITS}
-    result = {"args": vars(args), "chosen on eval": best["arm"], "arms": rows, "against the base": vs}
+    # the step tables stay in each arm-<name>.json (the paired comparisons' input), not copied into the result
+    taus = [{f"{s} tau": {k: v for k, v in r[f"{s} tau"].items() if k != "steps"} for s in SPLITS} for r in rows]
+    brief = [{**r, **t} for r, t in zip(rows, taus, strict=True)]
+    result = {"args": vars(args), "chosen on eval": best["arm"], "arms": brief, "against the base": vs}
     out.write_text(json.dumps(result, indent=1))
     title = f"{args.kind}, k {args.k}: bench tau minus the base's on the same {args.prompts} prompts"
     paired_plot(vs["bench"], title).savefig(out.with_name("levers.png"), dpi=120)

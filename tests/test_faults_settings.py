@@ -25,7 +25,6 @@ def home(tmp_path, monkeypatch, embedded_dir):
     from conftest import link_embedded, notebook
 
     link_embedded(tmp_path, embedded_dir)
-
     shutil.copytree(ROOT / "notebooks" / "params", tmp_path / "notebooks" / "params")
     for name in ("01_a", "02_b", "03_c", "04_d", "05_e"):
         nb = notebook("raise SystemExit('a notebook ran')")
