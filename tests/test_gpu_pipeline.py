@@ -65,3 +65,54 @@ def test_a_job_killed_without_a_status_is_said_to_be_gone_not_waited_on(pipeline
     gone = call(WAIT_S=60)
     assert time.monotonic() - t0 < 20
     assert gone.returncode == 1 and "gone without a status" in gone.stderr and "AGAIN=1" in gone.stderr
+
+
+def test_the_staging_parts_come_together_in_any_order_and_a_job_without_them_is_refused(tmp_path):
+    """`prepare`'s archive, split by `pack-stage` as the header's calls carry it, put back whole by `stage` only once
+    every part came (each call names the parts still missing); a job called before that names what to do."""
+    work = tmp_path / "work"
+    (work / "benchmarks").mkdir(parents=True)
+    (work / "benchmarks" / "gpu_pipeline.sh").write_text((ROOT / "benchmarks" / "gpu_pipeline.sh").read_text())
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    payload = tmp_path / "src" / "payload"
+    (payload / "whl").mkdir(parents=True)
+    blob = os.urandom(70_000)
+    (payload / "vllm.part.a").write_bytes(blob)
+    (payload / "whl" / "x.whl").write_text("wheel")
+    st = tmp_path / "device"
+    st.mkdir()
+    env = {**os.environ, "WORK": str(work), "ST": str(st), "SKIP_INSTALL": "1", "STAGE_BYTES": "30000"}
+
+    def sh(*args):
+        return subprocess.run(
+            ["bash", "benchmarks/gpu_pipeline.sh", *args], cwd=work, env=env, capture_output=True, text=True
+        )
+
+    env.pop("SKIP_INSTALL")
+    job = sh("sweep")  # nothing carried, nothing staged: refused before any install
+    assert job.returncode == 2 and "nothing staged" in job.stderr and "prepare" in job.stderr
+    env["SKIP_INSTALL"] = "1"
+    packed = sh("pack-stage", str(tmp_path / "src"))
+    assert packed.returncode == 0 and "3 parts of at most 30000 bytes" in packed.stdout, packed.stderr
+    parts = {i: (work / ".stage" / str(i) / "part").read_bytes() for i in (1, 2, 3)}
+    for i in (3, 1, 2):  # each call carries one part; the tree holds only that one
+        for j in (1, 2, 3):
+            d = work / ".stage" / str(j)
+            d.mkdir(parents=True, exist_ok=True)
+            if j == i:
+                (d / "part").write_bytes(parts[j])
+                (d / "of").write_text("3\n")
+            else:
+                for f in d.iterdir():
+                    f.unlink()
+        called = sh("stage")
+        assert called.returncode == 0, called.stderr
+        if i == 3:
+            assert "staged 1 of 3 parts; missing: .stage/1 .stage/2" in called.stdout
+            assert not (st / "payload").exists()
+        if i == 1:
+            assert "missing: .stage/2" in called.stdout and ".stage/1 " not in called.stdout
+    assert "staged all 3 parts" in called.stdout
+    assert (st / "payload" / "vllm.part.a").read_bytes() == blob
+    assert (st / "payload" / "whl" / "x.whl").read_text() == "wheel"
+    assert not list(st.glob("stage.[0-9]*"))  # the parts let go once whole

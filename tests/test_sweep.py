@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,46 @@ def test_an_arm_of_its_own_dataset_is_charged_its_notebook_01_and_one_on_the_sha
         runs = [{"notebook": "01_extract.ipynb", "seconds": 293.1}, {"notebook": "04_train.ipynb", "seconds": 9}]
         (layout.outputs / "summary.json").write_text(json.dumps(runs))
     assert sweep.own_01_seconds(own, "d") == 293.1 and sweep.own_01_seconds(shared, "d") is None
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_arms_train_in_order_and_with_overlap_the_next_trains_while_this_one_is_measured(overlap):
+    events = []
+
+    class Run:  # a finished `draftlab run`
+        returncode = 0
+
+        def __init__(self, name):
+            self.name = name
+
+        def wait(self):
+            events.append(f"trained {self.name}")
+            return 0
+
+        def poll(self):
+            return 0
+
+    def train(name, wait):
+        events.append(f"start {name}")
+        return Run(name)
+
+    rows = _sweep().run_arms(["base", "a", "b"], train, lambda n: events.append(f"measure {n}") or {"arm": n}, overlap)
+    assert [r["arm"] for r in rows] == ["base", "a", "b"]
+    for n in ("base", "a", "b"):  # an arm is measured only once its training ended
+        assert events.index(f"trained {n}") < events.index(f"measure {n}")
+    # with overlap, a's training starts before base is measured; without, after
+    assert (events.index("start a") < events.index("measure base")) is overlap
+
+
+def test_a_failed_training_stops_the_sweep_and_names_the_command():
+    class Failed:
+        returncode, args = 1, ["draftlab", "run", "--run-name", "default-a"]
+
+        def wait(self):
+            return 1
+
+        def poll(self):
+            return 1
+
+    with pytest.raises(subprocess.CalledProcessError, match="default-a"):
+        _sweep().run_arms(["a"], lambda n, wait: Failed(), lambda n: {"arm": n}, overlap=True)
