@@ -129,8 +129,8 @@ def run_arms(names: list[str], train, measure, overlap: bool) -> list[dict]:
 
 
 def measure_arm(args, v, split_prompts: dict, name: str, layout: RunLayout, base: RunLayout, out: Path) -> dict:
-    """The arm's row: its training record, data and eval / bench tau, read back from `arm-<name>.json` where the
-    sweep measured it before (with step tables), written there otherwise."""
+    """The arm's row: its training record, data, eval / bench tau and own 01 seconds, read back from
+    `arm-<name>.json` where the sweep measured it before (with step tables), written there otherwise."""
     cached = out.parent / f"arm-{name}.json"
     row = json.loads(cached.read_text()) if cached.is_file() else {}
     if "steps" not in row.get("bench tau", {}):  # not measured, or measured before step tables were kept
@@ -141,8 +141,10 @@ def measure_arm(args, v, split_prompts: dict, name: str, layout: RunLayout, base
         for split, prompts in split_prompts.items():
             row[f"{split} tau"] = tau_on(v, layout, args.kind, prompts, args.k, args.max_new_tokens)
             print(f"{name} {split} tau {row[f'{split} tau']['value']}", flush=True)
-        cached.write_text(json.dumps(row))
-    return {**row, "01 seconds": own_01_seconds(layout, base.dataset_name)}
+    seconds = own_01_seconds(layout, base.dataset_name)
+    row["01 seconds"] = row.get("01 seconds") if seconds is None else seconds  # kept for `summarise`
+    cached.write_text(json.dumps(row))
+    return row
 
 
 def main() -> None:
@@ -179,17 +181,26 @@ def main() -> None:
         return train_arm(args.profile, args.kind, layouts[n], parsed[n], base.dataset_name, args.base, wait)
 
     rows = run_arms(names, train, lambda n: measure_arm(args, v, split_prompts, n, layouts[n], base, out), args.overlap)
+    summarise(rows, out, {k: v for k, v in vars(args).items() if k != "parsed"})
+
+
+def summarise(rows: list[dict], out: Path, args: dict) -> dict:
+    """`out` (levers.json), levers.png and levers_cost.png from the arms' rows (the first is the base); printed as the
+    table. `summarise OUT.json arm-base.json arm-b.json ...` does it for arms a cut sweep measured."""
     best = max(rows, key=lambda r: r["eval tau"]["value"])
     vs = {split: against_base(rows, split) for split in SPLITS}
     # the step tables stay in each arm-<name>.json (the paired comparisons' input), not copied into the result
     taus = [{f"{s} tau": {k: v for k, v in r[f"{s} tau"].items() if k != "steps"} for s in SPLITS} for r in rows]
     brief = [{**r, **t} for r, t in zip(rows, taus, strict=True)]
-    result = {"args": vars(args), "chosen on eval": best["arm"], "arms": brief, "against the base": vs}
+    result = {"args": args, "chosen on eval": best["arm"], "arms": brief, "against the base": vs}
     out.write_text(json.dumps(result, indent=1))
-    title = f"{args.kind}, k {args.k}: bench tau minus the base's on the same {args.prompts} prompts"
+    bench = rows[0]["bench tau"]
+    k, n = len(bench["p"]), bench["prompts"]
+    title = f"{args.get('kind', 'eagle3')}, k {k}: bench tau minus the base's on the same {n} prompts"
     paired_plot(vs["bench"], title).savefig(out.with_name("levers.png"), dpi=120)
     levers_cost(rows).savefig(out.with_name("levers_cost.png"), dpi=120)
     print(table(result))
+    return result
 
 
 def table(result: dict) -> str:
@@ -221,5 +232,7 @@ def table(result: dict) -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["table"]:
         print(table(json.loads(Path(sys.argv[2]).read_text())))
+    elif sys.argv[1:2] == ["summarise"]:
+        summarise([json.loads(Path(f).read_text()) for f in sys.argv[3:]], Path(sys.argv[2]), {"arms": sys.argv[3:]})
     else:
         main()

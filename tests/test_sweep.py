@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,28 @@ def test_a_failed_training_stops_the_sweep_and_names_the_command():
 
     with pytest.raises(subprocess.CalledProcessError, match="default-a"):
         _sweep().run_arms(["a"], lambda n, wait: Failed(), lambda n: {"arm": n}, overlap=True)
+
+
+def test_a_cut_sweeps_arm_files_give_the_table_and_figures_the_whole_sweep_gave(tmp_path):
+    """`summarise` rebuilds the result from the arms a sweep had measured (the CPU pilot's, its own-01 seconds kept in
+    the arm's file as the sweep now does): the rows equal those of the whole sweep's table."""
+    pilot = ROOT / "benchmarks" / "results" / "levers-cpu-2026-12-06"
+    text2x = json.loads((pilot / "arm-text2x.json").read_text())
+    (tmp_path / "arm-text2x.json").write_text(json.dumps({**text2x, "01 seconds": 293.1}))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "sweep_levers.py"), "summarise", str(tmp_path / "levers.json")]
+    got = subprocess.run(
+        [*cmd, str(pilot / "arm-base.json"), str(tmp_path / "arm-text2x.json")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    whole = _sweep().table(json.loads((pilot / "levers.json").read_text())).splitlines()
+    drop = [i for i, c in enumerate(whole[0].split(" | ")) if c in ("acc 2", "acc 3")]  # ttt3's, not among these
+
+    def cells(line):
+        return [c for i, c in enumerate(line.split(" | ")) if i not in drop]
+
+    rows = {line.split(" | ")[0]: line for line in got.splitlines()}
+    assert rows["| text2x (chosen on eval)"].split(" | ") == cells(whole[-1])  # 271 s, own 01 293 s, +0.050*
+    assert rows["| base"].split(" | ") == cells(whole[2])
+    assert (tmp_path / "levers.png").stat().st_size > 0 and (tmp_path / "levers_cost.png").stat().st_size > 0
