@@ -39,7 +39,8 @@
 #              of PROFILE with TRAIN_SETS, by default the recipe that fits beside the servers: first turns, one
 #              sampled answer, states on disk, 1500 steps; the stand-in written while 04 trains); `ckpt-back` then
 #              brings that draft and its prompts back as draft.tar.xz.part-* (`cat draft.tar.xz.part-* | tar xJf -`
-#              here makes .draft/ of them, for a later lease's `speedup` without TRAIN).
+#              here makes .draft/ of them, for a later lease's `speedup` without TRAIN). KINDS (eagle3): the
+#              families TRAIN=1 trains and serves, e.g. KINDS=dflash (SETS="--kind-ks 'dflash=...'" for its own k).
 #   sweep      issue 51: the levers of ARMS (e.g. "--arm base: --arm ttt5:ttt_steps=5 --arm noise:state_noise=0.1") on
 #              the recipe of TRAIN_SETS (speedup's by default): 01 once, then each arm's 04 and its eval / bench tau in
 #              the loop (benchmarks/sweep_levers.py, which resumes an arm already done; "--overlap" among ARMS trains
@@ -329,16 +330,16 @@ sweep-job)
 speedup-job)
   install_once; vllm_install; wait_convert
   set -x
-  py="${PY:-python3}"; p="${PROFILE:-gpu}"; d="${DRAFT:-/tmp/draft}"
+  py="${PY:-python3}"; p="${PROFILE:-gpu}"; d="${DRAFT:-/tmp/draft}"; KINDS="${KINDS:-eagle3}"
   if [ "${TRAIN:-0}" = 1 ]; then  # 01 and EAGLE-3's 04 here, the stand-in written meanwhile (expand reuses it)
     $py -c "import sys, torch; from draftlab.data.expand import expand; expand('smollm2', sys.argv[1], dtype=getattr(torch, sys.argv[2]), \
 device=sys.argv[3])" "${LIKE:-8b}" "${DTYPE:-bfloat16}" "${DEVICE:-cuda}" > /tmp/speedup-expand.log 2>&1 & ex=$!
-    $py -m draftlab run --profile "$p" --only 01,04 --set "draft_kinds=[eagle3]" "${sets[@]}" > /tmp/speedup-0104.log 2>&1 \
+    $py -m draftlab run --profile "$p" --only 01,04 --set "draft_kinds=[$KINDS]" "${sets[@]}" > /tmp/speedup-0104.log 2>&1 \
       || { tail -c 3000 /tmp/speedup-0104.log; exit 1; }
     wait "$ex" || echo "the stand-in is written by the benchmark instead: $(tail -n 3 /tmp/speedup-expand.log)"
     ds=$($py -c "import sys; from draftlab.config import load_profile; print(load_profile(sys.argv[1])['dataset_name'])" "$p")
     rm -rf "$d" /tmp/ckpt-out && mkdir -p "$d" /tmp/ckpt-out && echo "$ds" > "$d/dataset"
-    $py benchmarks/bench_speedup.py slim "$(draft_dir "$ds" "$p" eagle3)/final" "$d/eagle3"
+    for k in ${KINDS//,/ }; do $py benchmarks/bench_speedup.py slim "$(draft_dir "$ds" "$p" "$k")/final" "$d/$k"; done
     cp "$($py -c "import sys; from draftlab.layout import RunLayout; print(RunLayout(sys.argv[1], '').prompts)" "$ds")" "$d/"
     tar cf - -C "$d" --transform 's,^\.,.draft,' . | xz -T0 -1 | split -b 15000000 - /tmp/ckpt-out/draft.tar.xz.part-
     touch /tmp/ckpt-out/.packed
@@ -347,7 +348,9 @@ device=sys.argv[3])" "${LIKE:-8b}" "${DTYPE:-bfloat16}" "${DEVICE:-cuda}" > /tmp
   cp -n "$d/prompts.jsonl" "data/runs/$ds/" || true
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader || true
   # shellcheck disable=SC2086  # SETS: further arguments of bench_speedup.py
-  $py benchmarks/bench_speedup.py --like "${LIKE:-8b}" --draft eagle3="$d/eagle3" --ks "${KS:-5,2,3,1,7}" \
+  drafts=(); for k in eagle3 dflash peagle; do [ -d "$d/$k" ] && drafts+=(--draft "$k=$d/$k"); done
+  [ ${#drafts[@]} -gt 0 ] || { echo "no draft in $d: \`pack-draft\` here and carry .draft to \`stage\`, or TRAIN=1" >&2; exit 2; }
+  $py benchmarks/bench_speedup.py --like "${LIKE:-8b}" "${drafts[@]}" --ks "${KS:-5,2,3,1,7}" \
     --prompts-from "$ds" --prompts "${PROMPTS:-16}" --max-tokens "${TOKENS:-128}" --device "${DEVICE:-cuda}" \
     --dtype "${DTYPE:-bfloat16}" $([ "${REFERENCE:-1}" = 1 ] && echo --reference) --out /tmp/speedup/speedup.json ${SETS:-} > /tmp/speedup-bench.log 2>&1 \
     || { tail -c 3000 /tmp/speedup-bench.log; exit 1; } ;;
