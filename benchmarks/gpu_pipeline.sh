@@ -81,8 +81,8 @@ stage_in() {
   # $ST/payload; ST is /tmp but in the tests), .answers (unpacked where 01 resumes them), .draft (speedup's), .ckpt
   # parts (TRAINED=1 served's)
   local d src="$PWD" st="${ST:-/tmp}" have n
-  for d in .stage/*/; do
-    [ -f "$d/part" ] && cp "$d/part" "$st/stage.$(basename "$d")" && cp "$d/of" "$st/stage.of"
+  for d in .stage/*/; do  # (none once the payload is whole)
+    [ -f "$d/part" ] && [ ! -d "$st/payload" ] && cp "$d/part" "$st/stage.$(basename "$d")" && cp "$d/of" "$st/stage.of"
   done
   [ -d .draft ] && { rm -rf /tmp/draft && cp -r .draft /tmp/draft && echo "staged .draft"; }
   compgen -G ".ckpt/ckpt-*" > /dev/null && mkdir -p /tmp/ckpt && cp .ckpt/ckpt-* /tmp/ckpt/ && ls /tmp/ckpt

@@ -113,6 +113,24 @@ def test_the_staging_parts_come_together_in_any_order_and_a_job_without_them_is_
         if i == 1:
             assert "missing: .stage/2" in called.stdout and ".stage/1 " not in called.stdout
     assert "staged all 3 parts" in called.stdout
+    # an earlier lease's answers carried to `stage` (a call of its own): unpacked where notebook 01 resumes them
+    answers = tmp_path / "runs" / "smollm2-gpu"
+    answers.mkdir(parents=True)
+    (answers / "responses.jsonl").write_text('{"id": 1}\n')
+    (work / ".answers").mkdir()
+    subprocess.run(
+        [
+            "tar",
+            "cJf",
+            str(work / ".answers" / "answers-smollm2-gpu.tar.xz"),
+            "-C",
+            str(tmp_path / "runs"),
+            "smollm2-gpu/responses.jsonl",
+        ],
+        check=True,
+    )
+    assert sh("stage").returncode == 0
+    assert (work / "data" / "runs" / "smollm2-gpu" / "responses.jsonl").read_text() == '{"id": 1}\n'
     assert (st / "payload" / "vllm.part.a").read_bytes() == blob
     assert (st / "payload" / "whl" / "x.whl").read_text() == "wheel"
     assert not list(st.glob("stage.[0-9]*"))  # the parts let go once whole
