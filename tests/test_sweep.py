@@ -159,3 +159,35 @@ def test_a_cut_sweeps_arm_files_give_the_table_and_figures_the_whole_sweep_gave(
     assert rows["| text2x (chosen on eval)"].split(" | ") == cells(whole[-1])  # 271 s, own 01 293 s, +0.050*
     assert rows["| base"].split(" | ") == cells(whole[2])
     assert (tmp_path / "levers.png").stat().st_size > 0 and (tmp_path / "levers_cost.png").stat().st_size > 0
+
+
+def test_arms_that_only_draw_the_base_again_are_the_yardstick_the_table_states():
+    sweep = _sweep()
+
+    def arm(name, settings, d):
+        tau = {"value": 1.0, "lo": 0.9, "hi": 1.1}
+        return {
+            "arm": name,
+            "settings": settings,
+            "steps": 9,
+            "training seconds": 4.0,
+            "eval tau": tau,
+            "bench tau": tau,
+        }, {"a": name, "b": "base", "difference": d, "lo": d - 0.03, "hi": d + 0.03}
+
+    rows, vs = zip(
+        *[
+            arm("base", {}, 0),
+            arm("text4x", {"extra_samples": 3}, 0.069),
+            arm("text2x", {"extra_samples": 1}, 0.026),
+            arm("seed1", {"seed": 1}, 0.058),
+        ],
+        strict=True,
+    )
+    text = sweep.table({"chosen on eval": "text4x", "arms": list(rows), "against the base": {"bench": list(vs[1:])}})
+    assert "The base drawn again (seed1) moved bench tau by +0.058" in text
+    assert "only beyond 0.058; beyond it: text4x." in text
+    no_draws = sweep.table(
+        {"chosen on eval": "text4x", "arms": list(rows[:3]), "against the base": {"bench": list(vs[1:3])}}
+    )
+    assert "drawn again" not in no_draws
