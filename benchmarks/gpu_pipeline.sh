@@ -258,14 +258,14 @@ pack-stage)
   pack_stage "${2:?a folder holding payload/}" ;;
 pack-draft)
   # here: a trained EAGLE-3 ($2 dataset, $3 run) without the verifier's embeddings (restored there from the verifier:
-  # they are frozen, its own), and the dataset's prompt set, into .draft/ for the speedup job (call 2 carries it)
+  # they are frozen, its own), and the dataset's prompt set, into .draft/ for the speedup job (`stage` carries it)
   grep -qx '/.draft/' .git/info/exclude || echo '/.draft/' >> .git/info/exclude
   rm -rf .draft && mkdir -p .draft
   ${PY:-.venv/bin/python} benchmarks/bench_speedup.py slim "$(draft_dir "$2" "$3" eagle3)/final" .draft/eagle3
   cp "$(${PY:-.venv/bin/python} -c "import sys; from draftlab.layout import RunLayout; print(RunLayout(sys.argv[1], '').prompts)" "$2")" .draft/
   echo "$2" > .draft/dataset && du -sh .draft ;;
 stage)
-  if stage_in; then setup; fi ;;
+  if stage_in; then setup; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; df -h /tmp | tail -1; fi ;;
 ckpt-back)
   # every trained draft's final/ of the profile's dataset, back as $OUT/ckpt-<run>_<kind>.tar.xz.part-aa, ... (15 MB
   # parts, four a call); exit 3 while parts remain (call again). Keep them here in .ckpt/.

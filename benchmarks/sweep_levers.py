@@ -230,7 +230,7 @@ def table(result: dict) -> str:
         ]
         lines.append("| " + " | ".join(cells + taus + [diff]) + " |")
     names = [n for n in draws_of(result) if n in vs]
-    if names:  # the base recipe drawn again (another seed: other prompts drawn, another initialisation)
+    if names:  # the base recipe drawn again (another seed: 01 run again, another initialisation and order)
         moved = [vs[n]["difference"] for n in names]
         spread = max(abs(d) for d in moved)
         beyond = [a for a, c in vs.items() if a not in names and abs(c["difference"]) > spread]
