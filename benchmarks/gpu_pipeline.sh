@@ -81,9 +81,9 @@ stage_in() {
   # $ST/payload; ST is /tmp but in the tests), .answers (unpacked where 01 resumes them), .draft (speedup's), .ckpt
   # parts (TRAINED=1 served's)
   local d src="$PWD" st="${ST:-/tmp}" have n
-  for d in .stage/*/; do  # (none once the payload is whole)
-    [ -f "$d/part" ] && [ ! -d "$st/payload" ] && cp "$d/part" "$st/stage.$(basename "$d")" && cp "$d/of" "$st/stage.of"
-  done
+  if [ ! -d "$st/payload" ]; then
+    for d in .stage/*/; do [ -f "$d/part" ] && cp "$d/part" "$st/stage.$(basename "$d")" && cp "$d/of" "$st/stage.of"; done
+  fi
   [ -d .draft ] && { rm -rf /tmp/draft && cp -r .draft /tmp/draft && echo "staged .draft"; }
   compgen -G ".ckpt/ckpt-*" > /dev/null && mkdir -p /tmp/ckpt && cp .ckpt/ckpt-* /tmp/ckpt/ && ls /tmp/ckpt
   if compgen -G ".answers/answers-*" > /dev/null; then
@@ -118,9 +118,8 @@ pack_stage() {
   echo "the tree: $tree bytes; $n parts of at most $size bytes: carry [\".stage/1\"] ... [\".stage/$n\"] to \`stage\`"
 }
 
-ready() {  # a job's call: the staging complete, then `setup`
-  [ -n "${SKIP_INSTALL:-}" ] && { work; return 0; }
-  stage_in || { echo "the job needs every part staged first (the header's calls)" >&2; exit 2; }
+ready() {  # a job's call: the staging complete (not checked in a dry run, SKIP_INSTALL), then `setup`
+  [ -n "${SKIP_INSTALL:-}" ] || stage_in || { echo "the job needs every part staged first (the header's calls)" >&2; exit 2; }
   setup
 }
 

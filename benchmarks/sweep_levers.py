@@ -68,17 +68,15 @@ def finish(proc: subprocess.Popen | None) -> None:
         raise subprocess.CalledProcessError(proc.returncode, proc.args)
 
 
-def train_arm(
-    profile: str, kind: str, layout: RunLayout, sets: dict, base: str, base_sets: list[str] = (), wait: bool = True
-):
-    """`draftlab run` for the arm: 04 (and 01 first on a dataset of its own), skipped where final/ is written;
-    `base_sets` (`key=value`, the recipe every arm shares) before the arm's own. `wait=False`: started, returned."""
+def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base: str, base_sets: list[str] = ()):
+    """`draftlab run` for the arm, started and returned (`finish` waits on it): 04 (and 01 first on a dataset of its
+    own); None where final/ is written. `base_sets` (`key=value`, the recipe every arm shares) before the arm's own."""
     if (layout.final(kind) / "config.json").is_file():
         return None
     own = layout.dataset_name != base
     extra = [f"dataset_name={layout.dataset_name}"] if own else []
     arm = [*base_sets, *extra, f"draft_kinds=[{kind}]", *(f"{k}={v}" for k, v in sets.items())]
-    return draftlab_run(profile, "01,04" if own else "04", layout.run_name, arm, wait)
+    return draftlab_run(profile, "01,04" if own else "04", layout.run_name, arm, wait=False)
 
 
 def own_01_seconds(layout: RunLayout, base: str) -> float | None:
@@ -113,34 +111,35 @@ def against_base(rows: list[dict], split: str) -> list[dict]:
 
 
 def run_arms(names: list[str], train, measure, overlap: bool) -> list[dict]:
-    """Each arm trained (`train(name, wait=False)`: a process, or None where already trained), then measured, in
+    """Each arm trained (`train(name)`: a process started, or None where already trained), then measured, in
     order; with `overlap` the next arm trains while this one is measured (the GPU's decoding loop leaves it mostly
     idle), so its training seconds are those of a shared device."""
-    rows, running = [], train(names[0], wait=False)
+    rows, running = [], train(names[0])
     try:
         for i, name in enumerate(names):
             finish(running)
             later = names[i + 1 : i + 2]
-            running = train(later[0], wait=False) if later and overlap else None
+            running = train(later[0]) if later and overlap else None
             rows.append(measure(name))
             if later and not overlap:
-                running = train(later[0], wait=False)
+                running = train(later[0])
     finally:
         if running is not None and running.poll() is None:
             running.terminate()
     return rows
 
 
-def measure_arm(args, v, split_prompts: dict, name: str, layout: RunLayout, base: RunLayout, out: Path) -> dict:
+def measure_arm(args, v, split_prompts: dict, name: str, sets: dict, layout: RunLayout, base: RunLayout) -> dict:
     """The arm's row: its training record, data, eval / bench tau and own 01 seconds, read back from
     `arm-<name>.json` where the sweep measured it before (with step tables), written there otherwise."""
+    out = Path(args.out)
     cached = out.parent / f"arm-{name}.json"
     row = json.loads(cached.read_text()) if cached.is_file() else {}
     if "steps" not in row.get("bench tau", {}):  # not measured, or measured before step tables were kept
         trained = arms.arm_table({name: {args.kind: arms.read_metrics(layout.draft(args.kind))}})[0]
-        row = {**trained, "settings": args.parsed[name], "run": f"{layout.dataset_name}/{layout.run_name}"}
+        row = {**trained, "settings": sets, "run": f"{layout.dataset_name}/{layout.run_name}"}
         row["data"] = arms.arm_data(layout)
-        row["trained beside a measurement"] = args.overlap and name != next(iter(args.parsed))
+        row["trained beside a measurement"] = args.overlap and name != args.arm[0].partition(":")[0]
         for split, prompts in split_prompts.items():
             row[f"{split} tau"] = tau_on(v, layout, args.kind, prompts, args.k, args.max_new_tokens)
             print(f"{name} {split} tau {row[f'{split} tau']['value']}", flush=True)
@@ -170,7 +169,6 @@ def main() -> None:
     for spec in args.arm:
         name, _, rest = spec.partition(":")
         parsed[name] = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in rest.split(",") if kv)}
-    args.parsed = parsed
     params = config.load_profile(args.profile)
     base = RunLayout(params["dataset_name"], args.profile)
     if not base.resolved_config("01").is_file() or any("01" in config.readers(s.split("=")[0]) for s in args.base):
@@ -180,11 +178,14 @@ def main() -> None:
     names = list(parsed)
     layouts = {n: arm_run(args.profile, n, parsed[n], base.dataset_name) for n in names}
 
-    def train(n: str, wait: bool):
-        return train_arm(args.profile, args.kind, layouts[n], parsed[n], base.dataset_name, args.base, wait)
+    def train(n: str):
+        return train_arm(args.profile, args.kind, layouts[n], parsed[n], base.dataset_name, args.base)
 
-    rows = run_arms(names, train, lambda n: measure_arm(args, v, split_prompts, n, layouts[n], base, out), args.overlap)
-    summarise(rows, out, {k: v for k, v in vars(args).items() if k != "parsed"})
+    def measure(n: str):
+        return measure_arm(args, v, split_prompts, n, parsed[n], layouts[n], base)
+
+    rows = run_arms(names, train, measure, args.overlap)
+    summarise(rows, out, vars(args))
 
 
 def summarise(rows: list[dict], out: Path, args: dict) -> dict:

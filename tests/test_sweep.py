@@ -110,7 +110,7 @@ def test_arms_train_in_order_and_with_overlap_the_next_trains_while_this_one_is_
         def poll(self):
             return 0
 
-    def train(name, wait):
+    def train(name):
         events.append(f"start {name}")
         return Run(name)
 
@@ -133,7 +133,7 @@ def test_a_failed_training_stops_the_sweep_and_names_the_command():
             return 1
 
     with pytest.raises(subprocess.CalledProcessError, match="default-a"):
-        _sweep().run_arms(["a"], lambda n, wait: Failed(), lambda n: {"arm": n}, overlap=True)
+        _sweep().run_arms(["a"], lambda n: Failed(), lambda n: {"arm": n}, overlap=True)
 
 
 def test_a_cut_sweeps_arm_files_give_the_table_and_figures_the_whole_sweep_gave(tmp_path):
