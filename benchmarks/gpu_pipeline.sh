@@ -26,9 +26,9 @@
 #              `gpu-dflash`) beside EAGLE-3's 05 (PAIR=1: beside its 04). SET05="--set k=v ..." goes to both 05s.
 #              From a fresh clone it takes three leases, each bringing back what the next carries:
 #              lease 1: 01 writes the profile's 37,337 answers (~1,600 s with the server's start) -> answers-*.tar.xz
-#                       parts (keep them in .answers/); lease 2: carry [".answers"] `stage` after the parts,
+#                       parts (`keep` them); lease 2: carry [".answers"] `stage` after the parts,
 #                       then `served`: 01 resumes them (~140 s), 04 trains (EAGLE-3 3000 steps ~680 s), `ckpt-back`
-#                       brings the drafts back (keep them in .ckpt/); lease 3: `stage` (four parts a call), then
+#                       brings the drafts back (`keep` them); lease 3: `stage` (four parts a call), then
 #                       TRAINED=1 `served`: 01 again (~140 s) and each 05 (~300 s) -> the served tau.
 #   speedup    issue 48: SmolLM2 and its expansion to Llama-3.1-8B's shape (data.expand) served with a trained EAGLE-3
 #              (widened: drafts.expand) at KS (5,2,3,1,7), the reference shape with random weights for the cost check,
@@ -49,10 +49,13 @@
 #   run NBS    the notebooks NBS (e.g. 01,04) of PROFILE (gpu).
 # Jobs of closed issues (h200, online, online-gpu, families-cuda, turns, sharegpt, curve) are in this script at
 # commit fc0a08f; BENCHMARKS.md names each one's command.
-# Every report also brings back stage 01's answers, $OUT/answers-<dataset>.tar.xz (parts of 15 MB past that): keep
-# them in .answers/; `stage` with [".answers"] carried unpacks them for 01 to resume.
-# `ckpt-back` (no carry, again while it says "more parts") brings each trained draft's final/ back in parts (keep them
-# in .ckpt/); `stage` carries them to a later lease (four parts a call) and TRAINED=1 `served` serves them.
+# Every report also brings back stage 01's answers, $OUT/answers-<dataset>.tar.xz (parts of 15 MB past that);
+# `stage` with [".answers"] carried unpacks them for 01 to resume.
+# `ckpt-back` (no carry, again while it says "more parts") brings each trained draft's final/ back in parts; `stage`
+# carries them to a later lease (four parts a call) and TRAINED=1 `served` serves them.
+# After each call, here: `bash benchmarks/gpu_pipeline.sh keep FILES_AT` (the reply's folder) puts the answers in
+# .answers/, the drafts' parts in .ckpt/ and speedup's draft, once whole, in .draft/ (all git-ignored; a later
+# session's checkout kept them on 2026-12-06, so the leases of a recipe may fall in different sessions).
 # Here, a dry run of a whole job (no CUDA, this machine's vLLM, nothing installed, run in place):
 #   WORK=$PWD PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRAFTLAB_VLLM=.venv-vllm/bin/vllm \
 #     SET05="--set spec_prompts=4" bash benchmarks/gpu_pipeline.sh served
@@ -255,6 +258,19 @@ prepare)
   du -sb .stage/* ;;
 pack-stage)
   pack_stage "${2:?a folder holding payload/}" ;;
+keep)
+  # here, after a call: what it brought back ($2, the reply's files_at) where the next lease's `stage` carries it from.
+  # Stage 01's answers into .answers/ (each dataset's newest replaces its older parts), drafts' parts into .ckpt/, and
+  # once speedup's draft.tar.xz parts are all there (the stream checks whole), .draft/ made of them
+  src="${2:?the folder a device call's files came back to (its reply's files_at)}"; mkdir -p .answers .ckpt
+  for f in "$src"/answers-*.tar.xz "$src"/answers-*.tar.xz.part-aa; do
+    [ -f "$f" ] || continue; ds=$(basename "$f"); ds=${ds%%.tar.xz*}
+    rm -f ".answers/$ds.tar.xz" ".answers/$ds.tar.xz.part-"*; cp "$src/$ds.tar.xz"* .answers/ && echo "kept .answers/$ds"
+  done
+  for f in "$src"/ckpt-*.tar.xz.part-* "$src"/draft.tar.xz.part-*; do [ -f "$f" ] && cp "$f" .ckpt/ && echo "kept .ckpt/$(basename "$f")"; done
+  if compgen -G ".ckpt/draft.tar.xz.part-*" > /dev/null && cat .ckpt/draft.tar.xz.part-* | xz -t 2> /dev/null; then
+    rm -rf .draft && cat .ckpt/draft.tar.xz.part-* | tar xJf - && rm .ckpt/draft.tar.xz.part-* && echo "kept .draft/ ($(ls .draft | xargs))"
+  fi ;;
 pack-draft)
   # here: a trained EAGLE-3 ($2 dataset, $3 run) without the verifier's embeddings (restored there from the verifier:
   # they are frozen, its own), and the dataset's prompt set, into .draft/ for the speedup job (`stage` carries it)
@@ -392,7 +408,7 @@ lay = RunLayout(load_profile('$p')['dataset_name'], 'sbs'); print(lay.dataset_na
   $py benchmarks/bench_torchrun.py table "$sbs/draftlab.json" "$sbs/speculators.json" "$sbs/eval.json" "$sbs/bench.json" \
     | tee "$sbs/table.md" ;;
 *)
-  echo "usage: $0 prepare | pack-draft DATASET RUN | stage | ckpt-back | served | speedup | sweep | torchrun |" \
-    "run NOTEBOOKS" >&2
+  echo "usage: $0 prepare | pack-draft DATASET RUN | stage | keep FILES_AT | ckpt-back | served | speedup | sweep |" \
+    "torchrun | run NOTEBOOKS" >&2
   exit 2 ;;
 esac

@@ -134,3 +134,40 @@ def test_the_staging_parts_come_together_in_any_order_and_a_job_without_them_is_
     assert (st / "payload" / "vllm.part.a").read_bytes() == blob
     assert (st / "payload" / "whl" / "x.whl").read_text() == "wheel"
     assert not list(st.glob("stage.[0-9]*"))  # the parts let go once whole
+
+
+def test_keep_puts_what_a_call_brought_back_where_stage_carries_it_from(tmp_path):
+    """`keep FILES_AT` after a device call: the newest answers of each dataset replace the older ones in .answers/,
+    drafts' parts go to .ckpt/, and speedup's draft becomes .draft/ only once all its parts came (over two calls)."""
+    work, back = tmp_path / "work", tmp_path / "back"
+    (work / "benchmarks").mkdir(parents=True)
+    (work / "benchmarks" / "gpu_pipeline.sh").write_text((ROOT / "benchmarks" / "gpu_pipeline.sh").read_text())
+    (work / ".answers").mkdir()
+    (work / ".answers" / "answers-smollm2-gpu.tar.xz.part-aa").write_text("older, in parts")
+    back.mkdir()
+    (back / "answers-smollm2-gpu.tar.xz").write_text("newest")
+    (back / "ckpt-gpu_eagle3.tar.xz.part-aa").write_text("ckpt")
+    draft = tmp_path / "draft"
+    (draft / ".draft" / "eagle3").mkdir(parents=True)
+    (draft / ".draft" / "eagle3" / "config.json").write_text("{}")
+    packed = subprocess.run(["tar", "cJf", "-", "-C", str(draft), ".draft"], capture_output=True, check=True).stdout
+    half = len(packed) // 2
+    (back / "draft.tar.xz.part-aa").write_bytes(packed[:half])
+
+    def keep():
+        called = subprocess.run(
+            ["bash", "benchmarks/gpu_pipeline.sh", "keep", str(back)], cwd=work, capture_output=True, text=True
+        )
+        assert called.returncode == 0, called.stderr
+        return called.stdout
+
+    first = keep()
+    assert sorted(p.name for p in (work / ".answers").iterdir()) == ["answers-smollm2-gpu.tar.xz"]
+    assert (work / ".answers" / "answers-smollm2-gpu.tar.xz").read_text() == "newest"
+    assert (work / ".ckpt" / "ckpt-gpu_eagle3.tar.xz.part-aa").read_text() == "ckpt"
+    assert not (work / ".draft").exists() and "kept .draft" not in first  # half a stream is not a draft
+    (back / "draft.tar.xz.part-aa").unlink()
+    (back / "draft.tar.xz.part-ab").write_bytes(packed[half:])  # the next call's files
+    second = keep()
+    assert (work / ".draft" / "eagle3" / "config.json").read_text() == "{}" and "kept .draft/ (eagle3)" in second
+    assert not list((work / ".ckpt").glob("draft.tar.xz.part-*"))
