@@ -41,7 +41,7 @@
 #              brings that draft and its prompts back as draft.tar.xz.part-* (`cat draft.tar.xz.part-* | tar xJf -`
 #              here makes .draft/ of them, for a later lease's `speedup` without TRAIN). KINDS (eagle3): the
 #              families TRAIN=1 trains and serves, e.g. KINDS=dflash (SETS="--kind-ks 'dflash=...'" for its own k).
-#   sweep      issue 51: the levers of ARMS (e.g. "--arm base: --arm ttt5:ttt_steps=5 --arm noise:state_noise=0.1") on
+#   sweep      issue 51: the levers of ARMS (e.g. "--arm base: --arm draw1:train_seed=1 --arm ttt5:ttt_steps=5") on
 #              the recipe of TRAIN_SETS (speedup's by default): 01 once, then each arm's 04 and its eval / bench tau in
 #              the loop (benchmarks/sweep_levers.py, which resumes an arm already done; "--overlap" among ARMS trains
 #              the next arm while one is measured); the table in /tmp/sweep. Its log is /tmp/sweep-levers.log.

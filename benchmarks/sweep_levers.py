@@ -231,7 +231,7 @@ def table(result: dict) -> str:
         ]
         lines.append("| " + " | ".join(cells + taus + [diff]) + " |")
     names = [n for n in draws_of(result) if n in vs]
-    if names:  # the base recipe drawn again (another seed: 01 run again, another initialisation and order)
+    if names:  # the base recipe drawn again (`seed`: 01 run again; `train_seed`: another initialisation and order)
         moved = [vs[n]["difference"] for n in names]
         spread = max(abs(d) for d in moved)
         beyond = [a for a, c in vs.items() if a not in names and abs(c["difference"]) > spread]
@@ -244,8 +244,9 @@ def table(result: dict) -> str:
 
 
 def draws_of(result: dict) -> list[str]:
-    """The arms that only set `seed`: the base recipe drawn again, the yardstick for the levers' differences."""
-    return [r["arm"] for r in result["arms"] if set(r["settings"]) == {"seed"}]
+    """The arms that only set `seed` (01 and 04 drawn again) or `train_seed` (04 alone, on the same data): the base
+    recipe drawn again, the yardstick for the levers' differences."""
+    return [r["arm"] for r in result["arms"] if set(r["settings"]) in ({"seed"}, {"train_seed"})]
 
 
 if __name__ == "__main__":

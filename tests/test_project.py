@@ -137,6 +137,9 @@ def test_stage_config_refuses_unknown_missing_and_mistyped_keys_and_writes_what_
     monkeypatch.setenv("DRAFTLAB_HOME", str(home))
     cfg = load_stage("04", "ci", {"train_steps": 8})
     assert isinstance(cfg, Train) and cfg.train_steps == 8 and cfg.pack_len == 1024 and not hasattr(cfg, "n_chat")
+    assert cfg.seed == 0 and cfg.train_seed is None
+    # `train_seed` draws stage 04 again on the same data: 04 trains with it, 01 (and 05) keep `seed`
+    assert load_stage("04", "ci", {"train_seed": 3}).seed == 3 and load_stage("01", "ci", {"train_seed": 3}).seed == 0
     with pytest.raises(
         DraftlabError, match="overrides: no stage reads a parameter 'train_step'; did you mean 'train_steps'"
     ):

@@ -33,6 +33,9 @@ def test_arms_of_stage_01_get_their_own_dataset_and_the_table_marks_the_eval_cho
     assert (
         sweep.arm_run("default", "text", {"extra_samples": 1}, "smollm2-default").dataset_name == "smollm2-default-text"
     )
+    # the base drawn again: `seed` draws 01's answers too (a dataset of its own), `train_seed` 04 alone on the same data
+    assert sweep.arm_run("default", "seed1", {"seed": 1}, "smollm2-default").dataset_name == "smollm2-default-seed1"
+    assert sweep.arm_run("default", "draw1", {"train_seed": 1}, "smollm2-default").dataset_name == "smollm2-default"
 
     def tau(v):
         return {"value": v, "lo": v - 0.1, "hi": v + 0.1}
@@ -181,11 +184,12 @@ def test_arms_that_only_draw_the_base_again_are_the_yardstick_the_table_states()
             arm("text4x", {"extra_samples": 3}, 0.069),
             arm("text2x", {"extra_samples": 1}, 0.026),
             arm("seed1", {"seed": 1}, 0.058),
+            arm("draw1", {"train_seed": 1}, -0.01),
         ],
         strict=True,
     )
     text = sweep.table({"chosen on eval": "text4x", "arms": list(rows), "against the base": {"bench": list(vs[1:])}})
-    assert "The base drawn again (seed1) moved bench tau by +0.058" in text
+    assert "The base drawn again (seed1, draw1) moved bench tau by +0.058, -0.010" in text
     assert "only beyond 0.058; beyond it: text4x." in text
     no_draws = sweep.table(
         {"chosen on eval": "text4x", "arms": list(rows[:3]), "against the base": {"bench": list(vs[1:3])}}

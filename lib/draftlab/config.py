@@ -116,6 +116,7 @@ class Train(_DraftShape, Base):
     ttt_steps: int  # EAGLE-3 training-time-test steps
     ttt_step_loss_decay: float  # EAGLE-3 loss weight per further TTT step
     state_noise: float  # noise on the draft's input states while it trains, a fraction of their RMS (training.noise)
+    train_seed: int | None  # None: `seed`; another draws 04 again (initialisation, order, noise) on 01's same data
     train_steps: int  # optimizer steps per draft
     learning_rate: float  # peak learning rate (AdamW)
     warmup_steps: int  # linear warm-up, then cosine decay to zero
@@ -174,9 +175,8 @@ def _accepts(hint, value) -> bool:
 
 
 def check_values(params: dict, where, complete: bool = False) -> None:
-    """Refuse, before any notebook runs, a key no stage reads (with the nearest known key), a value of
-    the wrong type (it would fail deep inside a stage) and, where `complete`, a key a stage reads that
-    `params` lacks (the profile YAMLs hold every value; the notebooks none)."""
+    """Refuse, before any notebook runs, a key no stage reads (with the nearest known key), a value of the wrong type
+    (it fails deep in a stage) and, where `complete`, a key a stage reads that `params` lacks (profiles hold each)."""
     import difflib
 
     known = stage_fields()
@@ -219,13 +219,14 @@ def load_stage(stage: str, profile: str, overrides: dict | None = None) -> Base:
     if overrides:
         check_values(overrides, "overrides")
         params.update(overrides)
+    if stage == "04" and params["train_seed"] is not None:  # the training drawn again, the data kept
+        params["seed"] = params["train_seed"]
     return STAGES[stage](**{f.name: params[f.name] for f in fields(STAGES[stage])})
 
 
 def open_stage(stage: str, profile: str, run_name: str, overrides: dict | None = None):
-    """A stage's config and its run's `RunLayout`, writing nothing; stage 01 refused where it would change
-    a dataset other runs' drafts were trained on (`RunLayout.refuse_rewrite`; `draftlab run` asks before
-    any notebook starts, the notebook again before it writes)."""
+    """A stage's config and its run's `RunLayout`, writing nothing; stage 01 refused where it would change a dataset
+    other runs' drafts were trained on (`RunLayout.refuse_rewrite`; asked before any notebook and before it writes)."""
     from draftlab.layout import RunLayout
 
     cfg = load_stage(stage, profile, overrides)
@@ -236,10 +237,9 @@ def open_stage(stage: str, profile: str, run_name: str, overrides: dict | None =
 
 
 def start_stage(stage: str, profile: str, run_name: str, overrides: dict | None = None):
-    """What a notebook's second cell calls: its config, its run's `RunLayout`, and the resolved config
-    written beside the stage's outputs, marked unfinished until the notebook's last cell calls
-    `layout.finish(stage)` (the next stages read it through `layout.upstream` instead of re-deriving it,
-    and refuse an unfinished one)."""
+    """What a notebook's second cell calls: its config, its run's `RunLayout`, and the resolved config written beside
+    the stage's outputs, marked unfinished until the notebook's last cell calls `layout.finish(stage)` (the next
+    stages read it through `layout.upstream` instead of re-deriving it, and refuse an unfinished one)."""
     from draftlab.layout import write_json
 
     cfg, layout = open_stage(stage, profile, run_name, overrides)
