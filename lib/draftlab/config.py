@@ -126,6 +126,9 @@ class Train(_DraftShape, Base):
     hidden_states: str  # "offline": stage 01's files; "online": made by vLLM as packs are read (training.online)
     compare_runs: list[str]  # other runs (`run` or `dataset/run`) whose curves 04 draws beside this one's (arms.py)
 
+    def __post_init__(self):  # `train_seed` set: 04's initialisation, order and noise drawn again, 01's data kept
+        object.__setattr__(self, "seed", self.seed if self.train_seed is None else self.train_seed)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Accept(Base):
@@ -193,8 +196,7 @@ def check_values(params: dict, where, complete: bool = False) -> None:
                 f"{want.__name__ if isinstance(want, type) else want}; fix the value."
             )
     check_rules(params, where)  # values the stages would refuse later (a family named twice, no block at all)
-    missing = sorted(set(known) - set(params)) if complete else []
-    if missing:
+    if missing := sorted(set(known) - set(params)) if complete else []:
         listed = ", ".join(f"{k} (read by stage {'/'.join(readers(k))})" for k in missing)
         raise DraftlabError(f"{where} lacks {listed}: add them to the profile (notebooks hold no defaults).")
 
@@ -219,8 +221,6 @@ def load_stage(stage: str, profile: str, overrides: dict | None = None) -> Base:
     if overrides:
         check_values(overrides, "overrides")
         params.update(overrides)
-    if stage == "04" and params["train_seed"] is not None:  # the training drawn again, the data kept
-        params["seed"] = params["train_seed"]
     return STAGES[stage](**{f.name: params[f.name] for f in fields(STAGES[stage])})
 
 
