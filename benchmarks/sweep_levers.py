@@ -235,11 +235,16 @@ def table(result: dict) -> str:
     if names:  # the base recipe drawn again (`seed`: 01 run again; `train_seed`: another initialisation and order)
         moved = [vs[n]["difference"] for n in names]
         spread = max(abs(d) for d in moved)
-        beyond = [a for a, c in vs.items() if a not in names and abs(c["difference"]) > spread]
+        beyond = [
+            a + "*" * (not c["lo"] <= 0 <= c["hi"])
+            for a, c in vs.items()
+            if a not in names and abs(c["difference"]) > spread
+        ]
         lines.append(
             f"\nThe base drawn again ({', '.join(names)}) moved bench tau by "
             f"{', '.join(f'{d:+.3f}' for d in moved)}: a lever is told apart from another draw of "
-            f"the base only beyond {spread:.3f}; beyond it: {', '.join(beyond) or 'none'}."
+            f"the base only beyond {spread:.3f}; beyond it: {', '.join(beyond) or 'none'}"
+            + (" (* its paired interval leaves out 0 too; the others' hold it)." if beyond else ".")
         )
     return "\n".join(lines)
 

@@ -167,7 +167,7 @@ def test_a_cut_sweeps_arm_files_give_the_table_and_figures_the_whole_sweep_gave(
 def test_arms_that_only_draw_the_base_again_are_the_yardstick_the_table_states():
     sweep = _sweep()
 
-    def arm(name, settings, d):
+    def arm(name, settings, d, half=0.03):
         tau = {"value": 1.0, "lo": 0.9, "hi": 1.1}
         return {
             "arm": name,
@@ -176,13 +176,14 @@ def test_arms_that_only_draw_the_base_again_are_the_yardstick_the_table_states()
             "training seconds": 4.0,
             "eval tau": tau,
             "bench tau": tau,
-        }, {"a": name, "b": "base", "difference": d, "lo": d - 0.03, "hi": d + 0.03}
+        }, {"a": name, "b": "base", "difference": d, "lo": d - half, "hi": d + half}
 
     rows, vs = zip(
         *[
             arm("base", {}, 0),
             arm("text4x", {"extra_samples": 3}, 0.069),
             arm("text2x", {"extra_samples": 1}, 0.026),
+            arm("noise3", {"state_noise": 0.3}, -0.07, half=0.08),  # beyond every draw, 0 inside its interval
             arm("seed1", {"seed": 1}, 0.058),
             arm("draw1", {"train_seed": 1}, -0.01),
         ],
@@ -190,7 +191,7 @@ def test_arms_that_only_draw_the_base_again_are_the_yardstick_the_table_states()
     )
     text = sweep.table({"chosen on eval": "text4x", "arms": list(rows), "against the base": {"bench": list(vs[1:])}})
     assert "The base drawn again (seed1, draw1) moved bench tau by +0.058, -0.010" in text
-    assert "only beyond 0.058; beyond it: text4x." in text
+    assert "only beyond 0.058; beyond it: text4x*, noise3 (* its paired interval leaves out 0 too" in text
     no_draws = sweep.table(
         {"chosen on eval": "text4x", "arms": list(rows[:3]), "against the base": {"bench": list(vs[1:3])}}
     )
