@@ -5,7 +5,8 @@
 
 Each arm trains `--kind` through `draftlab run --profile P --only 04 --run-name P-<arm> --set draft_kinds=[KIND]` with
 the sweep's `--set`s (the recipe every arm shares) and then its own; an arm that sets a stage-01 key
-(`draft_vocab_size`, `extra_samples`, ...) gets a dataset of its own (`<dataset>-<arm>`) and runs 01 too. Then
+(`draft_vocab_size`, `extra_samples`, ...) gets a dataset of its own (`<dataset>-<arm>`) and runs 01 too, resuming
+the base's answers unless it changes what they are (`reuse_answers`). Then
 draftlab's loop decodes `--prompts` eval prompts (the split the winner is chosen on) and as many bench prompts (the
 split it is reported on) at k `--k`, greedy, from the base dataset's prompt set, so every arm meets the same prompts;
 tau is pooled with a bootstrap interval over prompts, and each arm's difference from the first arm (the base) on the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,12 +71,39 @@ def finish(proc: subprocess.Popen | None) -> None:
         raise subprocess.CalledProcessError(proc.returncode, proc.args)
 
 
+# the profile keys an answer's text depends on (stage 01 writes them into each answer's settings, or they pick the
+# verifier, its dtype or the engine): an arm that sets one writes every answer of its own
+ANSWER_KEYS = {"verifier", "max_new_tokens", "temperature", "sample_temperature", "seed", "engine", "gen_dtype"}
+ANSWER_KEYS |= {"dtype", "device"}
+
+
+def reuse_answers(base: RunLayout, layout: RunLayout, sets: dict) -> list[Path]:
+    """The base dataset's answer files copied into an arm's dataset before its 01, where the arm sets none of
+    ANSWER_KEYS (a draft vocabulary, more prompts, more sampled answers): its 01 resumes them (answers are keyed by
+    prompt id and carry their settings) and writes only what the lever adds, so its 01 seconds are the lever's cost,
+    not a second vLLM start and every answer again. A file the arm already has is left as it is."""
+    if layout.dataset_name == base.dataset_name or set(sets) & ANSWER_KEYS:
+        return []
+    copied = []
+    for src in sorted(base.data.glob("responses*.jsonl")):
+        dest = layout.data / src.name
+        if not dest.exists():
+            layout.data.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest)
+            copied.append(dest)
+    return copied
+
+
 def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base: str, base_sets: list[str] = ()):
     """`draftlab run` for the arm, started and returned (`finish` waits on it): 04 (and 01 first on a dataset of its
-    own); None where final/ is written. `base_sets` (`key=value`, the recipe every arm shares) before the arm's own."""
+    own, resuming the base's answers where `reuse_answers` may); None where final/ is written. `base_sets`
+    (`key=value`, the recipe every arm shares) before the arm's own."""
     if (layout.final(kind) / "config.json").is_file():
         return None
     own = layout.dataset_name != base
+    if copied := reuse_answers(RunLayout(base, profile, layout.root), layout, sets):
+        names = ", ".join(p.name for p in copied)
+        print(f"{layout.dataset_name}: the base's answers copied for its 01 to resume ({names})", flush=True)
     extra = [f"dataset_name={layout.dataset_name}"] if own else []
     arm = [*base_sets, *extra, f"draft_kinds=[{kind}]", *(f"{k}={v}" for k, v in sets.items())]
     return draftlab_run(profile, "01,04" if own else "04", layout.run_name, arm, wait=False)

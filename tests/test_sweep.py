@@ -96,6 +96,31 @@ def test_an_arm_of_its_own_dataset_is_charged_its_notebook_01_and_one_on_the_sha
     assert sweep.own_01_seconds(own, "d") == 293.1 and sweep.own_01_seconds(shared, "d") is None
 
 
+def test_an_arm_of_its_own_dataset_resumes_the_base_answers_unless_it_changes_what_they_are(tmp_path, monkeypatch):
+    from draftlab.layout import RunLayout
+
+    sweep = _sweep()
+    base = RunLayout("d", "p", tmp_path)
+    base.data.mkdir(parents=True)
+    for name in ("responses.jsonl", "responses-sampled-0.jsonl"):
+        (base.data / name).write_text(f'{{"id": "a", "response": "{name}", "settings": {{}}}}\n')
+    started = []
+    monkeypatch.setattr(sweep, "draftlab_run", lambda *a, **k: started.append(a) or "running")
+    vocab = RunLayout("d-vocab", "p-vocab", tmp_path)
+    assert sweep.train_arm("p", "eagle3", vocab, {"draft_vocab_size": 8192}, "d") == "running"
+    assert started[-1][1] == "01,04"  # its own 01 runs, and resumes the copies
+    assert sorted(f.name for f in vocab.data.iterdir()) == ["responses-sampled-0.jsonl", "responses.jsonl"]
+    assert (vocab.data / "responses.jsonl").read_text() == (base.data / "responses.jsonl").read_text()
+    # a file the arm already has stays; an arm that changes the answers' settings writes all of its own
+    (vocab.data / "responses.jsonl").write_text("")
+    assert sweep.reuse_answers(base, vocab, {"draft_vocab_size": 8192}) == []
+    assert (vocab.data / "responses.jsonl").read_text() == ""
+    for sets in ({"seed": 1}, {"max_new_tokens": 64}, {"sample_temperature": 1.0}):
+        assert sweep.reuse_answers(base, RunLayout("d-x", "p-x", tmp_path), sets) == []
+    assert not RunLayout("d-x", "p-x", tmp_path).data.exists()
+    assert sweep.reuse_answers(base, RunLayout("d", "p-ttt5", tmp_path), {"ttt_steps": 5}) == []  # the base's own data
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_arms_train_in_order_and_with_overlap_the_next_trains_while_this_one_is_measured(overlap):
     events = []
