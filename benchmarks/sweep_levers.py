@@ -15,7 +15,9 @@ intervals would not). An arm already trained and measured is read back, so the s
 table: arm, training seconds and, for an arm with a dataset of its own, notebook 01's (what the lever cost), the draft
 vocabulary's eval coverage, the train split's supervised tokens, held-out accuracy per drafted position, eval tau,
 bench tau and bench tau minus the base's; the winner is the arm of highest eval tau. `levers.png` draws the bench
-differences, `levers_cost.png` bench tau against those seconds and against the train text. The paired interval holds
+differences, `levers_cost.png` bench tau against those seconds and against the train text. `--serve` then serves
+the arm chosen on eval in vLLM (its notebook 05 on the same number of bench prompts, one in flight): the table's last
+column is vLLM's own bench tau for it, and a line gives the loop's minus vLLM's, paired. The paired interval holds
 the prompts' draw, not the run's: an arm that sets only `seed` (`--arm seed1:seed=1`: 01 and 04 drawn again) or only
 `train_seed` (`--arm draw1:train_seed=1`: 04 alone, on the base's data) is the base drawn again, and the table says
 how far such draws moved and which levers went beyond (on this CPU a draw moved bench tau +0.058, as far as any
@@ -179,6 +181,27 @@ def measure_arm(args, v, split_prompts: dict, name: str, sets: dict, layout: Run
     return row
 
 
+def serve_chosen(args, name: str, sets: dict, layout: RunLayout) -> dict:
+    """The arm chosen on eval, served by vLLM: its notebook 05 on `--prompts` bench prompts (the sweep's, from its
+    dataset's prompt set) at k `--k`, one request in flight, beside the loop on the same prompts. vLLM's own pooled
+    tau with its interval and the loop's minus vLLM's (paired), read from 05's metrics.json."""
+    spec = [f"spec_prompts={args.prompts}", f"spec_k={args.k}", f"spec_k_values=[{args.k}]", "spec_long_prompts=0"]
+    spec += [f"spec_max_new_tokens={args.max_new_tokens}", "serve_with_vllm=true", "serve_concurrency=[1]"]
+    own = [f"dataset_name={layout.dataset_name}"] if layout.dataset_name != args.dataset else []
+    arm = [*args.base, *own, f"draft_kinds=[{args.kind}]", *(f"{k}={v}" for k, v in sets.items()), *spec]
+    draftlab_run(args.profile, "05", layout.run_name, arm)
+    served = json.loads((layout.stage("05") / "metrics.json").read_text())["served"]
+    if not served.get("available") or args.kind not in served.get("intervals", {}):
+        raise SystemExit(f"vLLM did not serve {name}'s {args.kind}: {served.get('reason') or served.get('tau')}")
+    pair = next(c for c in served["loop_vs_vllm"] if c["a"].startswith(f"{args.kind} "))
+    return {
+        "arm": name,
+        "vLLM bench tau": served["intervals"][args.kind]["tau"][POOLED],
+        "loop - vLLM": {key: pair[key] for key in ("difference", "lo", "hi")},
+        "prompts": served["intervals"][args.kind]["n_prompts"],
+    }
+
+
 def main() -> None:
     a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     a.add_argument("--profile", default="default")
@@ -191,6 +214,7 @@ def main() -> None:
     a.add_argument("--dtype", default="float32")
     a.add_argument("--set", action="append", default=[], dest="base", help="key=value every arm shares (the recipe)")
     a.add_argument("--overlap", action="store_true", help="train the next arm while this one's tau is measured")
+    a.add_argument("--serve", action="store_true", help="the arm chosen on eval served by vLLM (its 05) at the end")
     a.add_argument("--out", required=True)
     args = a.parse_args()
     out = Path(args.out)
@@ -215,7 +239,13 @@ def main() -> None:
         return measure_arm(args, v, split_prompts, n, parsed[n], layouts[n], base)
 
     rows = run_arms(names, train, measure, args.overlap)
-    summarise(rows, out, vars(args))
+    result = summarise(rows, out, vars(args))
+    if args.serve:
+        args.dataset = base.dataset_name
+        chosen = result["chosen on eval"]
+        result["served"] = serve_chosen(args, chosen, parsed[chosen], layouts[chosen])
+        out.write_text(json.dumps(result, indent=1))
+        print(table(result))
 
 
 def summarise(rows: list[dict], out: Path, args: dict) -> dict:
@@ -243,6 +273,8 @@ def table(result: dict) -> str:
     pos = max(len([k for k in r if k.startswith("position ")]) for r in result["arms"])
     head = ["arm", "settings", "steps", "training s", "own 01 s", "vocab (eval coverage)", "train tokens"]
     head += [*[f"acc {i}" for i in range(1, pos + 1)], "eval tau", "bench tau", "bench - base"]
+    served = result.get("served") or {}
+    head += ["bench tau, vLLM"] if served else []
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     vs = {c["a"]: c for c in result.get("against the base", {}).get("bench", [])}
     for r in result["arms"]:
@@ -259,7 +291,9 @@ def table(result: dict) -> str:
             f"{data['train tokens']:,}" if data else "-",
             *[f"{r[f'position {i}']:.3f}" if f"position {i}" in r else "-" for i in range(1, pos + 1)],
         ]
-        lines.append("| " + " | ".join(cells + taus + [diff]) + " |")
+        v = served.get("vLLM bench tau") if served.get("arm") == r["arm"] else None
+        vllm = ["-" if v is None else f"{v['value']:.3f} [{v['lo']:.3f}, {v['hi']:.3f}]"] if served else []
+        lines.append("| " + " | ".join(cells + taus + [diff] + vllm) + " |")
     names = [n for n in draws_of(result) if n in vs]
     if names:  # the base recipe drawn again (`seed`: 01 run again; `train_seed`: another initialisation and order)
         moved = [vs[n]["difference"] for n in names]
@@ -274,6 +308,12 @@ def table(result: dict) -> str:
             f"{', '.join(f'{d:+.3f}' for d in moved)}: a lever is told apart from another draw of "
             f"the base only beyond {spread:.3f}; beyond it: {', '.join(beyond) or 'none'}"
             + (" (* its paired interval leaves out 0 too; the others' hold it)." if beyond else ".")
+        )
+    if served:
+        d = served["loop - vLLM"]
+        lines.append(
+            f"\n{served['arm']} served by vLLM ({served['prompts']} bench prompts, one in flight): loop minus vLLM "
+            f"{d['difference']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}], paired."
         )
     return "\n".join(lines)
 

@@ -221,3 +221,54 @@ def test_arms_that_only_draw_the_base_again_are_the_yardstick_the_table_states()
         {"chosen on eval": "text4x", "arms": list(rows[:3]), "against the base": {"bench": list(vs[1:3])}}
     )
     assert "drawn again" not in no_draws
+
+
+def test_the_arm_chosen_on_eval_is_served_by_vllm_and_the_table_gives_vllms_tau_beside_the_loops(tmp_path, monkeypatch):
+    from argparse import Namespace
+
+    from draftlab.layout import RunLayout
+
+    sweep = _sweep()
+    layout = RunLayout("d-vocab", "p-vocab", tmp_path)
+    calls = []
+
+    def run_05(profile, stages, run_name, sets):  # what notebook 05 writes, as metrics.json holds it
+        calls.append((stages, run_name, sets))
+        layout.stage("05").mkdir(parents=True)
+        tau = {"value": 2.4, "lo": 2.2, "hi": 2.6}
+        pairs = [{"a": "eagle3 (draftlab loop)", "b": "eagle3 (vLLM)", "difference": 0.01, "lo": -0.02, "hi": 0.03}]
+        served = {"available": True, "intervals": {"eagle3": {"tau": {"pooled": tau}, "n_prompts": 32}}}
+        (layout.stage("05") / "metrics.json").write_text(json.dumps({"served": {**served, "loop_vs_vllm": pairs}}))
+
+    monkeypatch.setattr(sweep, "draftlab_run", run_05)
+    args = Namespace(prompts=32, k=5, max_new_tokens=96, dataset="d", base=["extra_samples=1"], kind="eagle3")
+    args.profile = "p"
+    got = sweep.serve_chosen(args, "vocab", {"draft_vocab_size": 32768}, layout)
+    stages, run_name, sets = calls[0]
+    assert (stages, run_name) == ("05", "p-vocab")
+    for want in ("dataset_name=d-vocab", "draft_kinds=[eagle3]", "spec_prompts=32", "serve_concurrency=[1]"):
+        assert want in sets
+    assert got["vLLM bench tau"] == {"value": 2.4, "lo": 2.2, "hi": 2.6} and got["loop - vLLM"]["difference"] == 0.01
+
+    def row(arm, settings):
+        tau = {"value": 2.5, "lo": 2.3, "hi": 2.7}
+        return {
+            "arm": arm,
+            "settings": settings,
+            "steps": 9,
+            "training seconds": 4.0,
+            "eval tau": tau,
+            "bench tau": tau,
+        }
+
+    text = sweep.table({"chosen on eval": "vocab", "arms": [row("base", {}), row("vocab", {"x": 1})], "served": got})
+    lines = {line.split(" | ")[0]: line for line in text.splitlines()}
+    assert lines["| vocab (chosen on eval)"].endswith("| 2.400 [2.200, 2.600] |")
+    assert lines["| base"].endswith("| - | - |")  # no paired difference, no vLLM figure
+    assert "vocab served by vLLM (32 bench prompts, one in flight): loop minus vLLM +0.010 [-0.020, +0.030]" in text
+
+    # vLLM not serving it is said, not taken for a figure
+    layout.stage("05").joinpath("metrics.json").write_text(json.dumps({"served": {"available": False, "reason": "x"}}))
+    monkeypatch.setattr(sweep, "draftlab_run", lambda *a: None)
+    with pytest.raises(SystemExit, match="vLLM did not serve vocab's eagle3: x"):
+        sweep.serve_chosen(args, "vocab", {}, layout)
