@@ -22,6 +22,12 @@ def _sweep():
     return module
 
 
+def _row(arm: str, settings: dict, tau: float) -> dict:
+    """An arm's row as the sweep measures it, eval and bench tau alike (0.1 either side)."""
+    t = {"value": tau, "lo": tau - 0.1, "hi": tau + 0.1}
+    return {"arm": arm, "settings": settings, "steps": 9, "training seconds": 4.0, "eval tau": t, "bench tau": t}
+
+
 def test_arms_of_stage_01_get_their_own_dataset_and_the_table_marks_the_eval_choice():
     sweep = _sweep()
     assert sweep.arm_run("default", "ttt3", {"ttt_steps": 3}, "smollm2-default").dataset_name == "smollm2-default"
@@ -193,15 +199,7 @@ def test_arms_that_only_draw_the_base_again_are_the_yardstick_the_table_states()
     sweep = _sweep()
 
     def arm(name, settings, d, half=0.03):
-        tau = {"value": 1.0, "lo": 0.9, "hi": 1.1}
-        return {
-            "arm": name,
-            "settings": settings,
-            "steps": 9,
-            "training seconds": 4.0,
-            "eval tau": tau,
-            "bench tau": tau,
-        }, {"a": name, "b": "base", "difference": d, "lo": d - half, "hi": d + half}
+        return _row(name, settings, 1.0), {"a": name, "b": "base", "difference": d, "lo": d - half, "hi": d + half}
 
     rows, vs = zip(
         *[
@@ -250,18 +248,8 @@ def test_the_arm_chosen_on_eval_is_served_by_vllm_and_the_table_gives_vllms_tau_
         assert want in sets
     assert got["vLLM bench tau"] == {"value": 2.4, "lo": 2.2, "hi": 2.6} and got["loop - vLLM"]["difference"] == 0.01
 
-    def row(arm, settings):
-        tau = {"value": 2.5, "lo": 2.3, "hi": 2.7}
-        return {
-            "arm": arm,
-            "settings": settings,
-            "steps": 9,
-            "training seconds": 4.0,
-            "eval tau": tau,
-            "bench tau": tau,
-        }
-
-    text = sweep.table({"chosen on eval": "vocab", "arms": [row("base", {}), row("vocab", {"x": 1})], "served": got})
+    rows = [_row("base", {}, 2.5), _row("vocab", {"x": 1}, 2.5)]
+    text = sweep.table({"chosen on eval": "vocab", "arms": rows, "served": got})
     lines = {line.split(" | ")[0]: line for line in text.splitlines()}
     assert lines["| vocab (chosen on eval)"].endswith("| 2.400 [2.200, 2.600] |")
     assert lines["| base"].endswith("| - | - |")  # no paired difference, no vLLM figure
