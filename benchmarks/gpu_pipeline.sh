@@ -261,12 +261,12 @@ pack-stage)
   pack_stage "${2:?a folder holding payload/}" ;;
 keep)
   # here, after a call: what it brought back ($2, the reply's files_at) where the next lease's `stage` carries it from.
-  # Stage 01's answers into .answers/ (each dataset's newest replaces its older parts), drafts' parts into .ckpt/, and
-  # once speedup's draft.tar.xz parts are all there (the stream checks whole), .draft/ made of them
+  # Stage 01's answers into .answers/ (each dataset's joined with what was kept before: benchmarks/keep_answers.py),
+  # drafts' parts into .ckpt/, and once speedup's draft.tar.xz parts are all there (the stream checks whole), .draft/
   src="${2:?the folder a device call's files came back to (its reply's files_at)}"; mkdir -p .answers .ckpt
   for f in "$src"/answers-*.tar.xz "$src"/answers-*.tar.xz.part-aa; do
     [ -f "$f" ] || continue; ds=$(basename "$f"); ds=${ds%%.tar.xz*}
-    rm -f ".answers/$ds.tar.xz" ".answers/$ds.tar.xz.part-"*; cp "$src/$ds.tar.xz"* .answers/ && echo "kept .answers/$ds"
+    python3 benchmarks/keep_answers.py .answers "$src/$ds.tar.xz"*
   done
   for f in "$src"/ckpt-*.tar.xz.part-* "$src"/draft.tar.xz.part-*; do [ -f "$f" ] && cp "$f" .ckpt/ && echo "kept .ckpt/$(basename "$f")"; done
   if compgen -G ".ckpt/draft.tar.xz.part-*" > /dev/null && cat .ckpt/draft.tar.xz.part-* | xz -t 2> /dev/null; then

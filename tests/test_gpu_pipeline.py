@@ -136,16 +136,48 @@ def test_the_staging_parts_come_together_in_any_order_and_a_job_without_them_is_
     assert not list(st.glob("stage.[0-9]*"))  # the parts let go once whole
 
 
+def _answers_archive(files: dict[str, list[tuple[str, str, dict]]], prompts: str) -> bytes:
+    """An answers archive as `answers_back` packs it: smollm2-gpu/prompts.jsonl and responses files of (id, answer,
+    settings) lines."""
+    import io
+    import json
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+        members = {"prompts.jsonl": prompts.encode()}
+        for name, rows in files.items():
+            lines = [json.dumps({"id": i, "response": r, "settings": s}) + "\n" for i, r, s in rows]
+            members[name] = "".join(lines).encode()
+        for name, data in members.items():
+            info = tarfile.TarInfo(f"smollm2-gpu/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def test_keep_puts_what_a_call_brought_back_where_stage_carries_it_from(tmp_path):
-    """`keep FILES_AT` after a device call: the newest answers of each dataset replace the older ones in .answers/,
-    drafts' parts go to .ckpt/, and speedup's draft becomes .draft/ only once all its parts came (over two calls)."""
+    """`keep FILES_AT` after a device call: each dataset's answers joined with those kept before in .answers/ (fewer
+    never replace more: the answers of the other prompts kept where their settings match), drafts' parts go to
+    .ckpt/, and speedup's draft becomes .draft/ only once all its parts came (over two calls)."""
     work, back = tmp_path / "work", tmp_path / "back"
     (work / "benchmarks").mkdir(parents=True)
-    (work / "benchmarks" / "gpu_pipeline.sh").write_text((ROOT / "benchmarks" / "gpu_pipeline.sh").read_text())
+    for name in ("gpu_pipeline.sh", "keep_answers.py"):
+        (work / "benchmarks" / name).write_text((ROOT / "benchmarks" / name).read_text())
     (work / ".answers").mkdir()
-    (work / ".answers" / "answers-smollm2-gpu.tar.xz.part-aa").write_text("older, in parts")
+    s, other = {"max_new_tokens": 256}, {"max_new_tokens": 64}
+    older = _answers_archive(
+        {
+            "responses.jsonl": [("a", "old a", s), ("b", "old b", s), ("d", "other settings", other)],
+            "responses-sampled-0.jsonl": [("a", "sampled a", s)],
+        },
+        "all turns",
+    )
+    (work / ".answers" / "answers-smollm2-gpu.tar.xz.part-aa").write_bytes(older[:100])  # kept before, in parts
+    (work / ".answers" / "answers-smollm2-gpu.tar.xz.part-ab").write_bytes(older[100:])
     back.mkdir()
-    (back / "answers-smollm2-gpu.tar.xz").write_text("newest")
+    newest = {"responses.jsonl": [("b", "new b", s), ("c", "new c", s)]}  # a recipe on fewer prompts
+    (back / "answers-smollm2-gpu.tar.xz").write_bytes(_answers_archive(newest, "first turns"))
     (back / "ckpt-gpu_eagle3.tar.xz.part-aa").write_text("ckpt")
     draft = tmp_path / "draft"
     (draft / ".draft" / "eagle3").mkdir(parents=True)
@@ -163,7 +195,22 @@ def test_keep_puts_what_a_call_brought_back_where_stage_carries_it_from(tmp_path
 
     first = keep()
     assert sorted(p.name for p in (work / ".answers").iterdir()) == ["answers-smollm2-gpu.tar.xz"]
-    assert (work / ".answers" / "answers-smollm2-gpu.tar.xz").read_text() == "newest"
+    assert "kept .answers/answers-smollm2-gpu: 4 answers (2 of them kept from before" in first
+    unpacked = tmp_path / "unpacked"  # as `stage` unpacks it on the device
+    unpacked.mkdir()
+    subprocess.run(
+        ["tar", "xJf", str(work / ".answers" / "answers-smollm2-gpu.tar.xz"), "-C", str(unpacked)], check=True
+    )
+    got = unpacked / "smollm2-gpu"
+    assert [
+        line.split('"response": ')[1].split(",")[0] for line in (got / "responses.jsonl").read_text().splitlines()
+    ] == [
+        '"new b"',
+        '"new c"',
+        '"old a"',
+    ]  # the newest line of an id wins; the older line of other settings is not mixed in
+    assert "sampled a" in (got / "responses-sampled-0.jsonl").read_text()
+    assert (got / "prompts.jsonl").read_text() == "first turns"
     assert (work / ".ckpt" / "ckpt-gpu_eagle3.tar.xz.part-aa").read_text() == "ckpt"
     assert not (work / ".draft").exists() and "kept .draft" not in first  # half a stream is not a draft
     (back / "draft.tar.xz.part-aa").unlink()
