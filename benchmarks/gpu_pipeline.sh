@@ -58,7 +58,7 @@
 # .answers/, the drafts' parts in .ckpt/ and speedup's draft, once whole, in .draft/ (all git-ignored; a later
 # session's checkout kept them on 2026-12-06, so the leases of a recipe may fall in different sessions).
 # Here, a dry run of a whole job (no CUDA, this machine's vLLM, nothing installed, run in place):
-#   WORK=$PWD PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRAFTLAB_VLLM=.venv-vllm/bin/vllm \
+#   WORK=$PWD PROFILE=ci SKIP_INSTALL=1 PY=.venv/bin/python DEVICE=cpu DTYPE=float32 DRAFTLAB_VLLM=$PWD/.venv-vllm/bin/vllm \
 #     SET05="--set spec_prompts=4" bash benchmarks/gpu_pipeline.sh served
 set -eEuo pipefail
 trap 'echo "gpu_pipeline.sh: line $LINENO: \"$BASH_COMMAND\" failed (exit $?)" >&2' ERR

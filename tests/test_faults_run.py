@@ -131,3 +131,19 @@ def test_stage_01_sees_a_key_an_older_dataset_lacks_as_the_value_it_implied(home
         layout.upstream("01", cfg)
     assert layout.upstream("01", start_stage("04", "ci", "r0")[0])["sharegpt_turns"] == "first"
     start_stage("01", "ci", "r1", {"sharegpt_turns": "first"})  # the value it was made with: resumes
+
+
+def test_a_relative_draftlab_vllm_reaches_the_notebooks_as_the_path_it_named_where_draftlab_run_was_called(
+    tmp_path, monkeypatch
+):
+    """papermill runs each notebook from notebooks/: `DRAFTLAB_VLLM=.venv-vllm/bin/vllm draftlab run ...` from the
+    checkout named nothing there (a dry run of gpu_pipeline.sh's sweep met it, 2026-12-07)."""
+    from draftlab.run import kernel_env
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DRAFTLAB_VLLM", ".venv-vllm/bin/vllm")
+    assert kernel_env()["DRAFTLAB_VLLM"] == str(tmp_path / ".venv-vllm" / "bin" / "vllm")
+    monkeypatch.setenv("DRAFTLAB_VLLM", "/opt/vllm/bin/vllm")
+    assert "DRAFTLAB_VLLM" not in kernel_env()  # an absolute one is inherited as it is
+    monkeypatch.delenv("DRAFTLAB_VLLM")
+    assert "DRAFTLAB_VLLM" not in kernel_env() and kernel_env()["DRAFTLAB_HEADLESS"] == "1"

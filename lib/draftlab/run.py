@@ -73,10 +73,17 @@ def run(
     # the notebooks' parameters cells: each loads its own stage's config from the profile (config.start_stage)
     params = {"profile": profile, "run_name": run_name, "overrides": overrides or {}}
     summary: list[dict] = []
-    with patch.dict(os.environ, HEADLESS_ENV):  # kernels inherit it: text progress, no widgets (progress.py)
+    with patch.dict(os.environ, kernel_env()):  # kernels inherit it: text progress, no widgets (progress.py)
         _run_each(nbs, params, out, kernel, cell_timeout, summary)
     print_summary(summary)
     return summary
+
+
+def kernel_env() -> dict[str, str]:
+    """What the notebooks' kernels get on top of this environment: HEADLESS_ENV, and a relative $DRAFTLAB_VLLM made
+    absolute, because papermill runs each notebook from notebooks/, where that path would name nothing."""
+    vllm = os.environ.get("DRAFTLAB_VLLM")
+    return {**HEADLESS_ENV, **({"DRAFTLAB_VLLM": os.path.abspath(vllm)} if vllm and not os.path.isabs(vllm) else {})}
 
 
 def _run_each(nbs: list[Path], params: dict, out: Path, kernel: str, cell_timeout: int, summary: list[dict]) -> None:
