@@ -96,6 +96,13 @@ def reuse_answers(base: RunLayout, layout: RunLayout, sets: dict) -> list[Path]:
     return copied
 
 
+def arm_sets(base_sets: list[str], layout: RunLayout, base: str, kind: str, sets: dict) -> list[str]:
+    """The `key=value`s of an arm's `draftlab run`: the recipe every arm shares, its dataset where it has one of its
+    own (not `base`), the one family the sweep trains, then the arm's own settings."""
+    own = [f"dataset_name={layout.dataset_name}"] if layout.dataset_name != base else []
+    return [*base_sets, *own, f"draft_kinds=[{kind}]", *(f"{k}={v}" for k, v in sets.items())]
+
+
 def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base: str, base_sets: list[str] = ()):
     """`draftlab run` for the arm, started and returned (`finish` waits on it): 04 (and 01 first on a dataset of its
     own, resuming the base's answers where `reuse_answers` may); None where final/ is written. `base_sets`
@@ -106,8 +113,7 @@ def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base: str,
     if copied := reuse_answers(RunLayout(base, profile, layout.root), layout, sets):
         names = ", ".join(p.name for p in copied)
         print(f"{layout.dataset_name}: the base's answers copied for its 01 to resume ({names})", flush=True)
-    extra = [f"dataset_name={layout.dataset_name}"] if own else []
-    arm = [*base_sets, *extra, f"draft_kinds=[{kind}]", *(f"{k}={v}" for k, v in sets.items())]
+    arm = arm_sets(base_sets, layout, base, kind, sets)
     return draftlab_run(profile, "01,04" if own else "04", layout.run_name, arm, wait=False)
 
 
@@ -181,15 +187,14 @@ def measure_arm(args, v, split_prompts: dict, name: str, sets: dict, layout: Run
     return row
 
 
-def serve_chosen(args, name: str, sets: dict, layout: RunLayout) -> dict:
+def serve_chosen(args, name: str, sets: dict, layout: RunLayout, base: str) -> dict:
     """The arm chosen on eval, served by vLLM: its notebook 05 on `--prompts` bench prompts (the sweep's, from its
     dataset's prompt set) at k `--k`, one request in flight, beside the loop on the same prompts. vLLM's own pooled
-    tau with its interval and the loop's minus vLLM's (paired), read from 05's metrics.json."""
+    tau with its interval and the loop's minus vLLM's (paired), read from 05's metrics.json. `base`: the base
+    dataset's name (the arm's own, where it has one, is named to 05)."""
     spec = [f"spec_prompts={args.prompts}", f"spec_k={args.k}", f"spec_k_values=[{args.k}]", "spec_long_prompts=0"]
     spec += [f"spec_max_new_tokens={args.max_new_tokens}", "serve_with_vllm=true", "serve_concurrency=[1]"]
-    own = [f"dataset_name={layout.dataset_name}"] if layout.dataset_name != args.dataset else []
-    arm = [*args.base, *own, f"draft_kinds=[{args.kind}]", *(f"{k}={v}" for k, v in sets.items()), *spec]
-    draftlab_run(args.profile, "05", layout.run_name, arm)
+    draftlab_run(args.profile, "05", layout.run_name, [*arm_sets(args.base, layout, base, args.kind, sets), *spec])
     served = json.loads((layout.stage("05") / "metrics.json").read_text())["served"]
     if not served.get("available") or args.kind not in served.get("intervals", {}):
         raise SystemExit(f"vLLM did not serve {name}'s {args.kind}: {served.get('reason') or served.get('tau')}")
@@ -241,9 +246,8 @@ def main() -> None:
     rows = run_arms(names, train, measure, args.overlap)
     result = summarise(rows, out, vars(args))
     if args.serve:
-        args.dataset = base.dataset_name
         chosen = result["chosen on eval"]
-        result["served"] = serve_chosen(args, chosen, parsed[chosen], layouts[chosen])
+        result["served"] = serve_chosen(args, chosen, parsed[chosen], layouts[chosen], base.dataset_name)
         out.write_text(json.dumps(result, indent=1))
         print(table(result))
 

@@ -239,9 +239,9 @@ def test_the_arm_chosen_on_eval_is_served_by_vllm_and_the_table_gives_vllms_tau_
         (layout.stage("05") / "metrics.json").write_text(json.dumps({"served": {**served, "loop_vs_vllm": pairs}}))
 
     monkeypatch.setattr(sweep, "draftlab_run", run_05)
-    args = Namespace(prompts=32, k=5, max_new_tokens=96, dataset="d", base=["extra_samples=1"], kind="eagle3")
+    args = Namespace(prompts=32, k=5, max_new_tokens=96, base=["extra_samples=1"], kind="eagle3")
     args.profile = "p"
-    got = sweep.serve_chosen(args, "vocab", {"draft_vocab_size": 32768}, layout)
+    got = sweep.serve_chosen(args, "vocab", {"draft_vocab_size": 32768}, layout, "d")
     stages, run_name, sets = calls[0]
     assert (stages, run_name) == ("05", "p-vocab")
     for want in ("dataset_name=d-vocab", "draft_kinds=[eagle3]", "spec_prompts=32", "serve_concurrency=[1]"):
@@ -259,4 +259,4 @@ def test_the_arm_chosen_on_eval_is_served_by_vllm_and_the_table_gives_vllms_tau_
     layout.stage("05").joinpath("metrics.json").write_text(json.dumps({"served": {"available": False, "reason": "x"}}))
     monkeypatch.setattr(sweep, "draftlab_run", lambda *a: None)
     with pytest.raises(SystemExit, match="vLLM did not serve vocab's eagle3: x"):
-        sweep.serve_chosen(args, "vocab", {}, layout)
+        sweep.serve_chosen(args, "vocab", {}, layout, "d")
