@@ -43,9 +43,9 @@
 #              families TRAIN=1 trains and serves, e.g. KINDS=dflash (SETS="--kind-ks 'dflash=...'" for its own k).
 #   sweep      issue 51: the levers of ARMS (e.g. "--arm base: --arm draw1:train_seed=1 --arm ttt5:ttt_steps=5") on
 #              the recipe of TRAIN_SETS (speedup's by default): 01 once, then each arm's 04 and its eval / bench tau in
-#              the loop (benchmarks/sweep_levers.py, which resumes an arm already done; "--overlap" among ARMS trains
-#              the next arm while one is measured; "--serve" serves the arm chosen on eval in vLLM, its 05); the
-#              table in /tmp/sweep. Its log is /tmp/sweep-levers.log.
+#              the loop (benchmarks/sweep_levers.py, which resumes an arm already done and deletes an own-dataset arm's
+#              train states once it is trained; "--overlap" among ARMS trains the next arm while one is measured;
+#              "--serve" serves the arm chosen on eval in vLLM, its 05); the table in /tmp/sweep, its log /tmp/sweep-levers.log.
 #   torchrun   issue 21: draftlab's loop beside the torchrun command it writes (speculators' trainer), the same steps.
 #   run NBS    the notebooks NBS (e.g. 01,04) of PROFILE (gpu).
 # Jobs of closed issues (h200, online, online-gpu, families-cuda, turns, sharegpt, curve) are in this script at

@@ -117,6 +117,20 @@ def train_arm(profile: str, kind: str, layout: RunLayout, sets: dict, base: str,
     return draftlab_run(profile, "01,04" if own else "04", layout.run_name, arm, wait=False)
 
 
+def free_train_states(layout: RunLayout, base: str, kind: str) -> int:
+    """An arm's own train split's hidden states deleted once its draft's final/ is written (nothing after 04 reads
+    them: 05 reads the prompts and the draft; `arm_data` the token counts beside them), so that arms with datasets of
+    their own do not pile up on the disk: on an H100's 64 GB the base's, text2x's and vocab32k's offline states filled
+    it on 2026-12-07 and the lease's report could not be read back. The shared dataset's are kept. Bytes freed."""
+    states = layout.split("train") / "hidden_states"
+    if layout.dataset_name == base or not states.is_dir() or not (layout.final(kind) / "config.json").is_file():
+        return 0
+    size = sum(p.stat().st_size for p in states.rglob("*") if p.is_file())
+    shutil.rmtree(states)
+    print(f"{layout.dataset_name}: train states deleted ({size / 1e9:.1f} GB; --keep-states keeps them)", flush=True)
+    return size
+
+
 def own_01_seconds(layout: RunLayout, base: str) -> float | None:
     """The wall seconds of notebook 01 for an arm with a dataset of its own (`draftlab run`'s summary.json of the arm's
     run): part of what its lever costs. None for an arm on the shared dataset, or where a later run replaced that
@@ -220,6 +234,7 @@ def main() -> None:
     a.add_argument("--set", action="append", default=[], dest="base", help="key=value every arm shares (the recipe)")
     a.add_argument("--overlap", action="store_true", help="train the next arm while this one's tau is measured")
     a.add_argument("--serve", action="store_true", help="the arm chosen on eval served by vLLM (its 05) at the end")
+    a.add_argument("--keep-states", action="store_true", help="keep own-dataset arms' train states once trained")
     a.add_argument("--out", required=True)
     args = a.parse_args()
     out = Path(args.out)
@@ -241,6 +256,8 @@ def main() -> None:
         return train_arm(args.profile, args.kind, layouts[n], parsed[n], base.dataset_name, args.base)
 
     def measure(n: str):
+        if not args.keep_states:
+            free_train_states(layouts[n], base.dataset_name, args.kind)
         return measure_arm(args, v, split_prompts, n, parsed[n], layouts[n], base)
 
     rows = run_arms(names, train, measure, args.overlap)

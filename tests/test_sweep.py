@@ -127,6 +127,27 @@ def test_an_arm_of_its_own_dataset_resumes_the_base_answers_unless_it_changes_wh
     assert sweep.reuse_answers(base, RunLayout("d", "p-ttt5", tmp_path), {"ttt_steps": 5}) == []  # the base's own data
 
 
+def test_an_arm_of_its_own_dataset_frees_its_train_states_once_its_draft_is_written_and_the_base_keeps_its(tmp_path):
+    from draftlab.layout import RunLayout
+
+    sweep = _sweep()
+    own, shared = RunLayout("d-text2x", "p-text2x", tmp_path), RunLayout("d", "p-ttt3", tmp_path)
+    for layout in (own, shared):
+        states = layout.split("train") / "hidden_states"
+        states.mkdir(parents=True)
+        (states / "hs_0.safetensors").write_bytes(b"x" * 1000)
+        (layout.split("train") / "token_freq.pt").write_bytes(b"f")
+    assert sweep.free_train_states(own, "d", "eagle3") == 0  # not trained yet: its 04 still reads them
+    assert (own.split("train") / "hidden_states" / "hs_0.safetensors").is_file()
+    for layout in (own, shared):
+        layout.final("eagle3").mkdir(parents=True)
+        (layout.final("eagle3") / "config.json").write_text("{}")
+    assert sweep.free_train_states(own, "d", "eagle3") == 1000
+    assert not (own.split("train") / "hidden_states").exists() and (own.split("train") / "token_freq.pt").is_file()
+    assert sweep.free_train_states(shared, "d", "eagle3") == 0  # the shared dataset: every arm trains on it
+    assert (shared.split("train") / "hidden_states" / "hs_0.safetensors").is_file()
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_arms_train_in_order_and_with_overlap_the_next_trains_while_this_one_is_measured(overlap):
     events = []
