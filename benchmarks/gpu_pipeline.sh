@@ -184,6 +184,7 @@ report() {
   tar czf "$out/$job.tar.gz" --warning=no-file-changed --ignore-failed-read $($files 2>/dev/null) $logs 2>/dev/null \
     || [ $? = 1 ] || echo "packing $out/$job.tar.gz failed: the files above come back next call" >&2
   answers_back "$out" || echo "packing stage 01's answers failed: they come back next call" >&2
+  [ "$(df_free)" -ge 1024 ] || echo "the device's disk is full ($(df_free) MiB free): files may not come back" >&2
   # shellcheck disable=SC2086
   for f in $logs; do [ -f "$f" ] && { echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -n 14; echo; }; done
   [ -f "$log.rc" ] || { echo "still running: call '$job' again within 30 s to wait on it"; exit 3; }
@@ -192,6 +193,8 @@ report() {
   echo "job $job ended with status $(cat "$log.rc")"
   exit "$(cat "$log.rc")"
 }
+
+df_free() { df -Pm "${WORK:-.}" | awk 'NR == 2 {print $4}'; }  # MiB free on the job's disk
 
 answers_back() {
   # Stage 01's answers (appended as each finishes: a lease lost mid-generation still returns what was written) as
@@ -204,8 +207,11 @@ answers_back() {
     f=$(cat "data/runs/$d"/responses*.jsonl | md5sum | cut -c1-32)
     [[ $sums == *" $f "* ]] && continue
     sums+="$f "
+    # tar's 1 is a file that changed as it was read (01 still appending); xz failing (a full disk, 2026-12-07) leaves a
+    # cut archive that `keep` would take for answers: it is removed and said
     (cd data/runs && tar cf - --warning=no-file-changed "$d"/prompts.jsonl "$d"/responses*.jsonl 2>/dev/null \
-      | xz -T0 -3 > "$1/answers-$d.tar.xz") || [ -s "$1/answers-$d.tar.xz" ]
+      | xz -T0 -3 > "$1/answers-$d.tar.xz"; s=("${PIPESTATUS[@]}"); [ "${s[0]}" -le 1 ] && [ "${s[1]}" = 0 ]) \
+      || { rm -f "$1/answers-$d.tar.xz"; echo "the answers of $d were not packed ($(df_free) MiB free here)" >&2; return 1; }
     if [ "$(stat -c %s "$1/answers-$d.tar.xz")" -gt 15000000 ]; then
       split -b 15000000 "$1/answers-$d.tar.xz" "$1/answers-$d.tar.xz.part-" && rm "$1/answers-$d.tar.xz"
     fi

@@ -218,3 +218,29 @@ def test_keep_puts_what_a_call_brought_back_where_stage_carries_it_from(tmp_path
     second = keep()
     assert (work / ".draft" / "eagle3" / "config.json").read_text() == "{}" and "kept .draft/ (eagle3)" in second
     assert not list((work / ".ckpt").glob("draft.tar.xz.part-*"))
+
+
+def test_answers_that_could_not_be_packed_are_said_and_no_cut_archive_is_left_to_come_back(pipeline, tmp_path):
+    name, call = pipeline
+    ds = tmp_path / "data" / "runs" / "smollm2-x"
+    ds.mkdir(parents=True)
+    (ds / "prompts.jsonl").write_text('{"id": "a"}\n')
+    (ds / "responses.jsonl").write_text('{"id": "a", "response": "r", "settings": {}}\n')
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "xz").write_text("#!/bin/sh\ncat > /dev/null; printf 'cut'; exit 1\n")  # as on a full disk
+    (shims / "df").write_text("#!/bin/sh\nprintf 'Filesystem 1M-blocks Used Available\\n/dev/x 61440 61440 0\\n'\n")
+    for shim in shims.iterdir():
+        shim.chmod(0o755)
+    full = call(WAIT_S=30, PATH=f"{shims}:{os.environ['PATH']}")
+    assert full.returncode == 0 and f"job {name} ended with status 0" in full.stdout  # the report went on
+    assert "the answers of smollm2-x were not packed (0 MiB free here)" in full.stderr
+    assert "the device's disk is full (0 MiB free)" in full.stderr
+    assert (
+        not (tmp_path / "out" / "answers-smollm2-x.tar.xz").exists() and (tmp_path / "out" / f"{name}.tar.gz").is_file()
+    )
+    packed = call(WAIT_S=30)
+    archive = tmp_path / "out" / "answers-smollm2-x.tar.xz"
+    assert packed.returncode == 0 and "not packed" not in packed.stderr and "disk is full" not in packed.stderr
+    listed = subprocess.run(["tar", "tJf", str(archive)], capture_output=True, text=True, check=True).stdout.split()
+    assert listed == ["smollm2-x/prompts.jsonl", "smollm2-x/responses.jsonl"]
