@@ -5,23 +5,24 @@
 
 Each arm trains `--kind` through `draftlab run --profile P --only 04 --run-name P-<arm> --set draft_kinds=[KIND]` with
 the sweep's `--set`s (the recipe every arm shares) and then its own; an arm that sets a stage-01 key
-(`draft_vocab_size`, `extra_samples`, ...) gets a dataset of its own (`<dataset>-<arm>`) and runs 01 too, resuming
-the base's answers unless it changes what they are (`reuse_answers`). Then
-draftlab's loop decodes `--prompts` eval prompts (the split the winner is chosen on) and as many bench prompts (the
-split it is reported on) at k `--k`, greedy, from the base dataset's prompt set, so every arm meets the same prompts;
-tau is pooled with a bootstrap interval over prompts, and each arm's difference from the first arm (the base) on the
-same prompts with a paired interval (a prompt's difficulty cancels, so a lever is told apart where two overlapping
-intervals would not). An arm already trained and measured is read back, so the sweep resumes where it stopped. The
-table: arm, training seconds and, for an arm with a dataset of its own, notebook 01's (what the lever cost), the draft
-vocabulary's eval coverage, the train split's supervised tokens, held-out accuracy per drafted position, eval tau,
-bench tau and bench tau minus the base's; the winner is the arm of highest eval tau. `levers.png` draws the bench
-differences, `levers_cost.png` bench tau against those seconds and against the train text. `--serve` then serves
-the arm chosen on eval in vLLM (its notebook 05 on the same number of bench prompts, one in flight): the table's last
-column is vLLM's own bench tau for it, and a line gives the loop's minus vLLM's, paired. The paired interval holds
-the prompts' draw, not the run's: an arm that sets only `seed` (`--arm seed1:seed=1`: 01 and 04 drawn again) or only
-`train_seed` (`--arm draw1:train_seed=1`: 04 alone, on the base's data) is the base drawn again, and the table says
-how far such draws moved and which levers went beyond (on this CPU a draw moved bench tau +0.058, as far as any
-lever: BENCHMARKS.md, "more of the verifier's text, and the base drawn again").
+(`draft_vocab_size`, `extra_samples`, ...) gets a dataset of its own (`<dataset>-<arm>`) and runs 01 too, resuming the
+base's answers unless it changes what they are (`reuse_answers`). Then draftlab's loop decodes `--prompts` eval prompts
+(the split the winner is chosen on) and as many bench prompts (the split it is reported on) at k `--k`, greedy, from the
+base dataset's prompt set, so every arm meets the same prompts; tau is pooled with a bootstrap interval over prompts,
+and each arm's difference from the first arm (the base) on the same prompts with a paired interval (a prompt's
+difficulty cancels, so a lever is told apart where two overlapping intervals would not). An arm already trained and
+measured is read back, so the sweep resumes where it stopped; `--from DIR` reads back the arms an earlier sweep measured
+(a lease's files brought back), so a lease trains new arms only. The table: arm, training seconds and, for an arm with a
+dataset of its own, notebook 01's (what the lever cost), the draft vocabulary's eval coverage, the train split's
+supervised tokens, held-out accuracy per drafted position, eval tau, bench tau and bench tau minus the base's; the
+winner is the arm of highest eval tau. `levers.png` draws the bench differences, `levers_cost.png` bench tau against
+those seconds and against the train text. `--serve` then serves the arm chosen on eval in vLLM (its notebook 05 on the
+same number of bench prompts, one in flight): the table's last column is vLLM's own bench tau for it, and a line gives
+the loop's minus vLLM's, paired. The paired interval holds the prompts' draw, not the run's: an arm that sets only
+`seed` (`--arm seed1:seed=1`: 01 and 04 drawn again) or only `train_seed` (`--arm draw1:train_seed=1`: 04 alone, on the
+base's data) is the base drawn again, and the table says how far such draws moved and which levers went beyond (on this
+CPU a draw moved bench tau +0.058, as far as any lever: BENCHMARKS.md, "more of the verifier's text, and the base drawn
+again").
 """
 
 from __future__ import annotations
@@ -181,13 +182,36 @@ def run_arms(names: list[str], train, measure, overlap: bool) -> list[dict]:
     return rows
 
 
+def measured(path: Path) -> dict:
+    """An arm's row from its `arm-<name>.json` where a sweep measured it (with the step tables the paired comparisons
+    need), {} otherwise."""
+    row = json.loads(path.read_text()) if path.is_file() else {}
+    return row if "steps" in row.get("bench tau", {}) else {}
+
+
+def read_back(earlier: str | None, folder: Path, names: list[str]) -> list[str]:
+    """`--from DIR`: the arms this sweep names that an earlier one measured (its folder, brought back from a lease)
+    copied beside `--out` where it has none of its own, so they are read back instead of trained and measured again:
+    a lease spends its time on new arms only. Sound where the earlier sweep ran the same recipe and prompts (the base
+    of 2026-12-07 gave the same tau and accuracies to the last digit in two leases). The names read back."""
+    got = []
+    for name in names if earlier else []:
+        src, dest = Path(earlier) / f"arm-{name}.json", folder / f"arm-{name}.json"
+        if measured(src) and not dest.exists():
+            shutil.copyfile(src, dest)
+            got.append(name)
+    if got:
+        print(f"read back from {earlier}, not trained again: {', '.join(got)}", flush=True)
+    return got
+
+
 def measure_arm(args, v, split_prompts: dict, name: str, sets: dict, layout: RunLayout, base: RunLayout) -> dict:
     """The arm's row: its training record, data, eval / bench tau and own 01 seconds, read back from
     `arm-<name>.json` where the sweep measured it before (with step tables), written there otherwise."""
     out = Path(args.out)
     cached = out.parent / f"arm-{name}.json"
-    row = json.loads(cached.read_text()) if cached.is_file() else {}
-    if "steps" not in row.get("bench tau", {}):  # not measured, or measured before step tables were kept
+    row = measured(cached)
+    if not row:  # not measured, or measured before step tables were kept
         trained = arms.arm_table({name: {args.kind: arms.read_metrics(layout.draft(args.kind))}})[0]
         row = {**trained, "settings": sets, "run": f"{layout.dataset_name}/{layout.run_name}"}
         row["data"] = arms.arm_data(layout)
@@ -234,6 +258,7 @@ def main() -> None:
     a.add_argument("--set", action="append", default=[], dest="base", help="key=value every arm shares (the recipe)")
     a.add_argument("--overlap", action="store_true", help="train the next arm while this one's tau is measured")
     a.add_argument("--serve", action="store_true", help="the arm chosen on eval served by vLLM (its 05) at the end")
+    a.add_argument("--from", dest="earlier", help="an earlier sweep's folder: the arms it measured are read back")
     a.add_argument("--keep-states", action="store_true", help="keep own-dataset arms' train states once trained")
     a.add_argument("--out", required=True)
     args = a.parse_args()
@@ -252,7 +277,11 @@ def main() -> None:
     names = list(parsed)
     layouts = {n: arm_run(args.profile, n, parsed[n], base.dataset_name) for n in names}
 
+    read_back(args.earlier, out.parent, names)
+
     def train(n: str):
+        if measured(out.parent / f"arm-{n}.json"):
+            return None
         return train_arm(args.profile, args.kind, layouts[n], parsed[n], base.dataset_name, args.base)
 
     def measure(n: str):
@@ -264,6 +293,7 @@ def main() -> None:
     result = summarise(rows, out, vars(args))
     if args.serve:
         chosen = result["chosen on eval"]
+        finish(train_arm(args.profile, args.kind, layouts[chosen], parsed[chosen], base.dataset_name, args.base))
         result["served"] = serve_chosen(args, chosen, parsed[chosen], layouts[chosen], base.dataset_name)
         out.write_text(json.dumps(result, indent=1))
         print(table(result))

@@ -148,6 +148,22 @@ def test_an_arm_of_its_own_dataset_frees_its_train_states_once_its_draft_is_writ
     assert (shared.split("train") / "hidden_states" / "hs_0.safetensors").is_file()
 
 
+def test_arms_an_earlier_sweep_measured_are_read_back_not_trained_and_one_measured_here_is_kept(tmp_path):
+    sweep = _sweep()
+    earlier, here = tmp_path / "lease1", tmp_path / "sweep"
+    earlier.mkdir(), here.mkdir()
+    measured = {**_row("base", {}, 2.5), "bench tau": {"value": 2.5, "steps": [[[0, 5, 3]]]}}
+    (earlier / "arm-base.json").write_text(json.dumps(measured))
+    (earlier / "arm-ttt5.json").write_text(json.dumps(_row("ttt5", {}, 2.4)))  # no step tables: measured again
+    (here / "arm-noise.json").write_text(json.dumps({**measured, "arm": "noise (this lease)"}))
+    (earlier / "arm-noise.json").write_text(json.dumps({**measured, "arm": "noise (earlier)"}))
+    assert sweep.read_back(str(earlier), here, ["base", "ttt5", "noise", "steps6k"]) == ["base"]
+    assert sweep.measured(here / "arm-base.json") == measured and not (here / "arm-ttt5.json").exists()
+    assert json.loads((here / "arm-noise.json").read_text())["arm"] == "noise (this lease)"
+    assert sweep.measured(earlier / "arm-ttt5.json") == {} and sweep.measured(here / "arm-steps6k.json") == {}
+    assert sweep.read_back(None, here, ["ttt5"]) == [] and sweep.read_back(str(earlier), here, ["base"]) == []
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_arms_train_in_order_and_with_overlap_the_next_trains_while_this_one_is_measured(overlap):
     events = []
