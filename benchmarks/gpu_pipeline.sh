@@ -52,8 +52,9 @@
 # commit fc0a08f; BENCHMARKS.md names each one's command.
 # Every report also brings back stage 01's answers, $OUT/answers-<dataset>.tar.xz (parts of 15 MB past that);
 # `stage` with [".answers"] carried unpacks them for 01 to resume.
-# `ckpt-back` (no carry, again while it says "more parts") brings each trained draft's final/ back in parts; `stage`
-# carries them to a later lease (four parts a call) and TRAINED=1 `served` serves them.
+# `ckpt-back` (no carry, again while it says "more parts") brings each trained draft's final/ back in parts (RUNS="gpu-x
+# ...": those runs' only, e.g. a sweep's winner); `stage` carries them to a later lease (four parts a call) and
+# TRAINED=1 `served` serves them.
 # After each call, here: `bash benchmarks/gpu_pipeline.sh keep FILES_AT` (the reply's folder) puts the answers in
 # .answers/, the drafts' parts in .ckpt/ and speedup's draft, once whole, in .draft/ (all git-ignored; a later
 # session's checkout kept them on 2026-12-06, so the leases of a recipe may fall in different sessions).
@@ -289,18 +290,20 @@ pack-draft)
 stage)
   if stage_in; then setup; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; df -h /tmp | tail -1; fi ;;
 ckpt-back)
-  # every trained draft's final/ of the profile's dataset, back as $OUT/ckpt-<run>_<kind>.tar.xz.part-aa, ... (15 MB
-  # parts, four a call); exit 3 while parts remain (call again). Keep them here in .ckpt/.
-  out="${OUT:-/tmp/out}"; mkdir -p "$out" /tmp/ckpt-out; ready
-  if [ ! -f /tmp/ckpt-out/.packed ]; then
+  # every trained draft's final/ of the profile's dataset (RUNS="gpu-steps6k ...": those runs' only, e.g. a sweep's
+  # winner among its arms), back as $OUT/ckpt-<run>_<kind>.tar.xz.part-aa, ... (15 MB parts, four a call); exit 3
+  # while parts remain (call again). Keep them here in .ckpt/.
+  out="${OUT:-/tmp/out}"; co="${CKPT_OUT:-/tmp/ckpt-out}"; mkdir -p "$out" "$co"; ready
+  if [ ! -f "$co/.packed" ]; then
     for w in $(${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" final/model.safetensors); do
-      k=$(dirname "$(dirname "$w")"); name="$(basename "$(dirname "$k")")_$(basename "$k")"  # <run>_<kind>
-      tar cf - -C "$k" final | xz -T0 -1 | split -b 15000000 - "/tmp/ckpt-out/ckpt-$name.tar.xz.part-"
+      k=$(dirname "$(dirname "$w")"); run=$(basename "$(dirname "$k")")
+      [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" $run "* ]] || continue
+      tar cf - -C "$k" final | xz -T0 -1 | split -b 15000000 - "$co/ckpt-${run}_$(basename "$k").tar.xz.part-"
     done
-    touch /tmp/ckpt-out/.packed
+    touch "$co/.packed"
   fi
   n=0
-  for f in /tmp/ckpt-out/*; do
+  for f in "$co"/*; do
     [ -f "$f" ] || continue
     [ "$n" -lt 4 ] || { echo "more parts: call ckpt-back again within 30 s"; exit 3; }
     mv "$f" "$out/" && n=$((n + 1)) && echo "back: $(basename "$f")"

@@ -244,3 +244,34 @@ def test_answers_that_could_not_be_packed_are_said_and_no_cut_archive_is_left_to
     assert packed.returncode == 0 and "not packed" not in packed.stderr and "disk is full" not in packed.stderr
     listed = subprocess.run(["tar", "tJf", str(archive)], capture_output=True, text=True, check=True).stdout.split()
     assert listed == ["smollm2-x/prompts.jsonl", "smollm2-x/responses.jsonl"]
+
+
+def test_ckpt_back_brings_back_the_runs_named_in_RUNS_and_every_run_without_it(tmp_path):
+    """A sweep leaves a draft per arm on the shared dataset; `RUNS` picks the one worth the calls (the winner)."""
+    import sys
+
+    from draftlab.layout import RunLayout
+
+    work = tmp_path / "work"
+    (work / "benchmarks").mkdir(parents=True)
+    (work / "benchmarks" / "gpu_pipeline.sh").write_text((ROOT / "benchmarks" / "gpu_pipeline.sh").read_text())
+    (work / "lib").symlink_to(ROOT / "lib")  # the job's PYTHONPATH is $WORK/lib
+    for run in ("gpu-base", "gpu-steps6k"):
+        final = RunLayout("smollm2-gpu", run, work).final("eagle3")
+        final.mkdir(parents=True)
+        (final / "model.safetensors").write_bytes(run.encode())
+    env = {**os.environ, "WORK": str(work), "SKIP_INSTALL": "1", "PY": sys.executable, "DRAFTLAB_HOME": str(work)}
+
+    def back(folder: str, **more) -> list[str]:
+        e = {**env, "OUT": str(tmp_path / folder), "CKPT_OUT": str(tmp_path / f"{folder}-parts"), **more}
+        called = subprocess.run(
+            ["bash", "benchmarks/gpu_pipeline.sh", "ckpt-back"], cwd=work, env=e, capture_output=True, text=True
+        )
+        assert called.returncode == 0 and "every part sent" in called.stdout, called.stderr
+        return sorted(p.name for p in (tmp_path / folder).iterdir())
+
+    assert back("one", RUNS="gpu-steps6k") == ["ckpt-gpu-steps6k_eagle3.tar.xz.part-aa"]
+    assert back("every") == ["ckpt-gpu-base_eagle3.tar.xz.part-aa", "ckpt-gpu-steps6k_eagle3.tar.xz.part-aa"]
+    part = tmp_path / "one" / "ckpt-gpu-steps6k_eagle3.tar.xz.part-aa"
+    listed = subprocess.run(["tar", "tJf", str(part)], capture_output=True, text=True, check=True).stdout.split()
+    assert listed == ["final/", "final/model.safetensors"]
