@@ -132,6 +132,27 @@ def free_train_states(layout: RunLayout, base: str, kind: str) -> int:
     return size
 
 
+def states_room(layout: RunLayout, base: RunLayout, sets: dict) -> str | None:
+    """Why an arm with a dataset of its own is not started, or None where it may be: its 01 writes hidden states of
+    at least the base's size, times its answers per prompt over the base's (`extra_samples`), and on 2026-12-07 the
+    third such arm filled an H100's 64 GB mid-01: the sweep's job ended and nothing of that call came back. An arm
+    whose states would not fit with a tenth to spare is skipped and said; the arms after it go on."""
+    if layout.dataset_name == base.dataset_name or (layout.split("train") / "hidden_states").is_dir():
+        return None  # the shared dataset, or an arm whose 01 already wrote states (it resumes them)
+    size = sum(f.stat().st_size for d in base.data.glob("*/hidden_states") for f in d.rglob("*") if f.is_file())
+    saved = json.loads(base.resolved_config("01").read_text()) if base.resolved_config("01").is_file() else {}
+    extra = int(saved.get("extra_samples", 0))
+    share = (1 + int(sets.get("extra_samples", extra))) / (1 + extra)
+    free = shutil.disk_usage(base.data if base.data.is_dir() else base.root).free
+    if free >= 1.1 * share * size:
+        return None
+    return (
+        f"{layout.dataset_name}: not started: its 01 would write about {share * size / 1e9:.3g} GB of hidden states "
+        f"(the base's {size / 1e9:.3g} GB x {share:.3g}) and {free / 1e9:.3g} GB are free. Free the disk (an earlier "
+        "arm's data/runs/<dataset>-<arm>/) or run this arm in a sweep of its own."
+    )
+
+
 def own_01_seconds(layout: RunLayout, base: str) -> float | None:
     """The wall seconds of notebook 01 for an arm with a dataset of its own (`draftlab run`'s summary.json of the arm's
     run): part of what its lever costs. None for an arm on the shared dataset, or where a later run replaced that
@@ -279,18 +300,30 @@ def main() -> None:
 
     read_back(args.earlier, out.parent, names)
 
+    skipped = {}
+
     def train(n: str):
         if measured(out.parent / f"arm-{n}.json"):
+            return None
+        if why := states_room(layouts[n], base, parsed[n]):
+            print(why, flush=True)
+            skipped[n] = why
             return None
         return train_arm(args.profile, args.kind, layouts[n], parsed[n], base.dataset_name, args.base)
 
     def measure(n: str):
+        if n in skipped:
+            return None
         if not args.keep_states:
             free_train_states(layouts[n], base.dataset_name, args.kind)
         return measure_arm(args, v, split_prompts, n, parsed[n], layouts[n], base)
 
-    rows = run_arms(names, train, measure, args.overlap)
+    rows = [r for r in run_arms(names, train, measure, args.overlap) if r]
     result = summarise(rows, out, vars(args))
+    if skipped:  # said again under the table, and kept in levers.json
+        result["not run"] = skipped
+        out.write_text(json.dumps(result, indent=1))
+        print("\n".join(skipped.values()))
     if args.serve:
         chosen = result["chosen on eval"]
         finish(train_arm(args.profile, args.kind, layouts[chosen], parsed[chosen], base.dataset_name, args.base))

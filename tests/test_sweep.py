@@ -164,6 +164,44 @@ def test_arms_an_earlier_sweep_measured_are_read_back_not_trained_and_one_measur
     assert sweep.read_back(None, here, ["ttt5"]) == [] and sweep.read_back(str(earlier), here, ["base"]) == []
 
 
+def test_an_arm_whose_states_would_not_fit_on_the_disk_is_not_started_and_said(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from draftlab.layout import RunLayout
+
+    sweep = _sweep()
+    base, text4x = RunLayout("d", "p", tmp_path), RunLayout("d-text4x", "p-text4x", tmp_path)
+    for split, size in (("train", 3000), ("eval", 1000)):
+        (base.split(split) / "hidden_states").mkdir(parents=True)
+        (base.split(split) / "hidden_states" / "hs_0.safetensors").write_bytes(b"x" * size)
+    base.resolved_config("01").write_text(json.dumps({"extra_samples": 1}))
+    free = {"bytes": 10_000}
+    monkeypatch.setattr(sweep.shutil, "disk_usage", lambda path: SimpleNamespace(free=free["bytes"]))
+    assert sweep.states_room(text4x, base, {"extra_samples": 3}) is None  # 4000 x 4/2 = 8000, with 800 to spare
+    free["bytes"] = 8500
+    why = sweep.states_room(text4x, base, {"extra_samples": 3})
+    assert why.startswith("d-text4x: not started: its 01 would write about 8e-06 GB") and "8.5e-06 GB are free" in why
+    assert sweep.states_room(RunLayout("d", "p-ttt5", tmp_path), base, {"ttt_steps": 5}) is None  # shared dataset
+    (text4x.split("train") / "hidden_states").mkdir(parents=True)
+    assert sweep.states_room(text4x, base, {"extra_samples": 3}) is None  # its 01 wrote states: it resumes them
+
+    # the sweep skips it, trains and measures the others, and keeps the reason in levers.json
+    trained, out = [], tmp_path / "sweep" / "levers.json"
+    monkeypatch.setattr(sweep, "states_room", lambda layout, b, sets: "no room" if "extra_samples" in sets else None)
+    monkeypatch.setattr(sweep, "train_arm", lambda profile, kind, layout, sets, b, base_sets: trained.append(layout))
+    monkeypatch.setattr(sweep, "measure_arm", lambda args, v, prompts, name, sets, layout, b: {"arm": name})
+    monkeypatch.setattr(sweep, "summarise", lambda rows, o, args: {"arms": [r["arm"] for r in rows]})
+    monkeypatch.setattr(sweep.config, "load_profile", lambda profile: {"dataset_name": "d", "verifier": "v"})
+    monkeypatch.setattr(sweep, "draftlab_run", lambda *a: None)
+    monkeypatch.setattr(sweep, "load_verifier", lambda *a, **k: SimpleNamespace(tokenizer=None))
+    monkeypatch.setattr(sweep, "load_spec_prompts", lambda *a: [])
+    argv = ["sweep_levers.py", "--arm", "base:", "--arm", "big:extra_samples=3", "--arm", "ttt5:ttt_steps=5"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--profile", "p", "--out", str(out)])
+    sweep.main()
+    assert [layout.run_name for layout in trained] == ["p-base", "p-ttt5"]
+    assert json.loads(out.read_text()) == {"arms": ["base", "ttt5"], "not run": {"big": "no room"}}
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_arms_train_in_order_and_with_overlap_the_next_trains_while_this_one_is_measured(overlap):
     events = []
