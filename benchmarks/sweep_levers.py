@@ -295,6 +295,8 @@ def main() -> None:
         draftlab_run(args.profile, "01", args.profile, args.base)  # the shared dataset (01 resumes a finished one)
     v = load_verifier(params["verifier"], device=args.device, dtype=args.dtype)
     split_prompts = {s: load_spec_prompts(base.prompts, v.tokenizer, s, args.prompts) for s in ("eval", "bench")}
+    coverage = arms.vocab_coverage(base, [s["draft_vocab_size"] for s in parsed.values() if "draft_vocab_size" in s])
+    print(f"{base.dataset_name}: {arms.coverage_line(coverage)}", flush=True)
     names = list(parsed)
     layouts = {n: arm_run(args.profile, n, parsed[n], base.dataset_name) for n in names}
 
@@ -319,11 +321,11 @@ def main() -> None:
         return measure_arm(args, v, split_prompts, n, parsed[n], layouts[n], base)
 
     rows = [r for r in run_arms(names, train, measure, args.overlap) if r]
-    result = summarise(rows, out, vars(args))
+    result = {**summarise(rows, out, vars(args)), "vocabulary coverage": coverage}
     if skipped:  # said again under the table, and kept in levers.json
         result["not run"] = skipped
-        out.write_text(json.dumps(result, indent=1))
         print("\n".join(skipped.values()))
+    out.write_text(json.dumps(result, indent=1))
     if args.serve:
         chosen = result["chosen on eval"]
         finish(train_arm(args.profile, args.kind, layouts[chosen], parsed[chosen], base.dataset_name, args.base))

@@ -195,11 +195,14 @@ def test_an_arm_whose_states_would_not_fit_on_the_disk_is_not_started_and_said(t
     monkeypatch.setattr(sweep, "draftlab_run", lambda *a: None)
     monkeypatch.setattr(sweep, "load_verifier", lambda *a, **k: SimpleNamespace(tokenizer=None))
     monkeypatch.setattr(sweep, "load_spec_prompts", lambda *a: [])
+    cover = [{"draft vocabulary": 16, "train coverage": 1.0, "eval coverage": 0.9}]
+    monkeypatch.setattr(sweep.arms, "vocab_coverage", lambda layout, sizes: cover if sizes == [] else None)
     argv = ["sweep_levers.py", "--arm", "base:", "--arm", "big:extra_samples=3", "--arm", "ttt5:ttt_steps=5"]
     monkeypatch.setattr(sys, "argv", [*argv, "--profile", "p", "--out", str(out)])
     sweep.main()
     assert [layout.run_name for layout in trained] == ["p-base", "p-ttt5"]
-    assert json.loads(out.read_text()) == {"arms": ["base", "ttt5"], "not run": {"big": "no room"}}
+    want = {"arms": ["base", "ttt5"], "vocabulary coverage": cover, "not run": {"big": "no room"}}
+    assert json.loads(out.read_text()) == want
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -335,3 +338,32 @@ def test_the_arm_chosen_on_eval_is_served_by_vllm_and_the_table_gives_vllms_tau_
     monkeypatch.setattr(sweep, "draftlab_run", lambda *a: None)
     with pytest.raises(SystemExit, match="vLLM did not serve vocab's eagle3: x"):
         sweep.serve_chosen(args, "vocab", {}, layout, "d")
+
+
+def test_vocab_coverage_gives_each_sizes_train_and_held_out_share_and_writes_nothing_in_the_dataset(tmp_path):
+    import numpy as np
+    import torch
+
+    from draftlab import DraftlabError
+    from draftlab.layout import RunLayout
+    from draftlab.training import arms
+
+    layout = RunLayout("d", "_", tmp_path)
+    with pytest.raises(DraftlabError, match=r"train/token_freq.pt is missing: run stage 01 on d first"):
+        arms.vocab_coverage(layout)
+    for split, freq in (("train", {0: 5, 1: 3, 2: 2}), ("eval", {0: 4, 1: 1, 3: 5})):
+        layout.split(split).mkdir(parents=True)
+        torch.save(freq, layout.split(split) / "token_freq.pt")
+    layout.resolved_config("01").write_text(json.dumps({"config": {"draft_vocab_size": 2}}))
+    np.save(layout.vocab(2)[1], np.zeros(8, dtype=bool))  # 01's t2d: one entry per verifier token (8)
+    before = sorted(layout.data.rglob("*"))
+    rows = arms.vocab_coverage(layout, [1])  # its own 2, twice it 4, the whole 8, and 1
+    # train: the top 1 / 2 tokens hold 5 / 8 of 10; eval: token 3 was never in train, so only a vocabulary larger than
+    # the train's 3 tokens has it (speculators fills one with unseen tokens, in id order)
+    got = [(r["draft vocabulary"], r["train coverage"], r["eval coverage"]) for r in rows]
+    assert got == [(1, 0.5, 0.4), (2, 0.8, 0.5), (4, 1.0, 1.0), (8, 1.0, 1.0)]
+    assert sorted(layout.data.rglob("*")) == before
+    assert (
+        arms.coverage_line(rows[:1])
+        == "supervised tokens the draft vocabulary can emit, train / eval: 1: 0.5000 / 0.4000"
+    )

@@ -55,3 +55,19 @@ def heldout_coverage(freq: dict[int, int], t2d: torch.Tensor) -> float:
     total = sum(freq.values())
     inside = sum(c for t, c in freq.items() if bool(t2d[t]))
     return inside / total if total else float("nan")
+
+
+def coverage_by_size(freq: dict[int, int], heldout: dict[int, int], sizes: list[int], target_vocab_size: int) -> list:
+    """Per draft vocabulary size: the share of supervised tokens it can emit on the split it is chosen from (`freq`,
+    its top-N) and on a held-out one, through speculators' mapping (built in a temporary folder: nothing is left
+    beside the data). A token outside the draft vocabulary is never proposed, so the held-out share bounds every
+    drafted position's acceptance: what a larger vocabulary can buy at most, before it is trained."""
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            _, t2d = build_mapping(freq, n, target_vocab_size, Path(tmp))
+            train, held = coverage_at(freq, n), heldout_coverage(heldout, t2d)
+            rows.append({"draft vocabulary": n, "train coverage": round(train, 4), "eval coverage": round(held, 4)})
+    return rows

@@ -91,3 +91,29 @@ def arm_data(layout: RunLayout) -> dict:
         "eval coverage": round(heldout_coverage(freq["eval"], t2d), 4),
         "train tokens": int(sum(freq["train"].values())),
     }
+
+
+def vocab_coverage(layout: RunLayout, sizes: list[int] = ()) -> list[dict]:
+    """A dataset's supervised tokens that draft vocabularies can emit, train and eval (`vocab.coverage_by_size`), at
+    its own size, twice it, the verifier's whole vocabulary and `sizes`, from the token counts its stage 01 wrote: the
+    ceiling of a vocabulary lever, read before any arm of it is trained. A dataset without them is refused."""
+    import numpy as np
+    import torch
+
+    from draftlab.data.vocab import coverage_by_size
+
+    paths = [layout.split(s) / "token_freq.pt" for s in ("train", "eval")] + [layout.resolved_config("01")]
+    if missing := [p for p in paths if not p.is_file()]:
+        raise DraftlabError(
+            f"{missing[0]} is missing: run stage 01 on {layout.dataset_name} first (draftlab run --only 01)."
+        )
+    n = json.loads(layout.resolved_config("01").read_text())["config"]["draft_vocab_size"]
+    target = len(np.load(layout.vocab(n)[1]))  # t2d has one entry per verifier token
+    train, held = (torch.load(p, weights_only=True) for p in paths[:2])
+    return coverage_by_size(train, held, sorted({n, min(2 * n, target), target, *sizes}), target)
+
+
+def coverage_line(rows: list[dict]) -> str:
+    """`vocab_coverage`'s rows as one line: size: train / eval."""
+    cells = [f"{r['draft vocabulary']}: {r['train coverage']:.4f} / {r['eval coverage']:.4f}" for r in rows]
+    return "supervised tokens the draft vocabulary can emit, train / eval: " + ", ".join(cells)
