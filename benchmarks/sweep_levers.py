@@ -141,7 +141,7 @@ def states_room(layout: RunLayout, base: RunLayout, sets: dict) -> str | None:
         return None  # the shared dataset, or an arm whose 01 already wrote states (it resumes them)
     size = sum(f.stat().st_size for d in base.data.glob("*/hidden_states") for f in d.rglob("*") if f.is_file())
     saved = json.loads(base.resolved_config("01").read_text()) if base.resolved_config("01").is_file() else {}
-    extra = int(saved.get("extra_samples", 0))
+    extra = int(saved.get("config", {}).get("extra_samples", 0))  # the base's, as its 01 ran
     share = (1 + int(sets.get("extra_samples", extra))) / (1 + extra)
     free = shutil.disk_usage(base.data if base.data.is_dir() else base.root).free
     if free >= 1.1 * share * size:

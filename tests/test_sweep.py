@@ -174,7 +174,9 @@ def test_an_arm_whose_states_would_not_fit_on_the_disk_is_not_started_and_said(t
     for split, size in (("train", 3000), ("eval", 1000)):
         (base.split(split) / "hidden_states").mkdir(parents=True)
         (base.split(split) / "hidden_states" / "hs_0.safetensors").write_bytes(b"x" * size)
-    base.resolved_config("01").write_text(json.dumps({"extra_samples": 1}))
+    base.resolved_config("01").write_text(
+        json.dumps({"stage": "01", "config": {"extra_samples": 1}})
+    )  # as 01 writes it
     free = {"bytes": 10_000}
     monkeypatch.setattr(sweep.shutil, "disk_usage", lambda path: SimpleNamespace(free=free["bytes"]))
     assert sweep.states_room(text4x, base, {"extra_samples": 3}) is None  # 4000 x 4/2 = 8000, with 800 to spare

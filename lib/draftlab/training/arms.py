@@ -10,11 +10,15 @@ already trained, never re-run.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from draftlab import DraftlabError
 from draftlab.layout import RunLayout
 from draftlab.training.start import read_metrics
 from draftlab.training.train import first_accuracy, position_accuracies
+
+if TYPE_CHECKING:
+    import torch
 
 
 def arm_layout(name: str, layout: RunLayout) -> RunLayout:
@@ -74,18 +78,30 @@ def arm_table(arms: dict[str, dict[str, list[dict]]]) -> list[dict]:
     return rows
 
 
+def stage01_vocab(layout: RunLayout) -> tuple[int, dict[str, dict[int, int]], torch.Tensor]:
+    """What stage 01 wrote of a dataset's vocabulary: the draft vocabulary size it ran with, the train and eval
+    splits' supervised token counts, and its t2d (one entry per verifier token). A dataset whose 01 has not written
+    them is refused, naming the stage to run."""
+    import numpy as np
+    import torch
+
+    paths = [layout.split(s) / "token_freq.pt" for s in ("train", "eval")] + [layout.resolved_config("01")]
+    if missing := [p for p in paths if not p.is_file()]:
+        raise DraftlabError(
+            f"{missing[0]} is missing: run stage 01 on {layout.dataset_name} first (draftlab run --only 01)."
+        )
+    n = json.loads(paths[2].read_text())["config"]["draft_vocab_size"]
+    freq = {s: torch.load(p, weights_only=True) for s, p in zip(("train", "eval"), paths, strict=False)}
+    return n, freq, torch.from_numpy(np.load(layout.vocab(n)[1]))
+
+
 def arm_data(layout: RunLayout) -> dict:
     """What an arm trained on, read off its dataset: the draft vocabulary, the share of the eval split's supervised
     tokens it can emit (what a vocabulary lever buys) and the train split's supervised tokens (the verifier's text the
     draft learns from: the x of a more-text lever's curve; the same for every arm that shares a dataset)."""
-    import numpy as np
-    import torch
-
     from draftlab.data.vocab import heldout_coverage
 
-    n = json.loads(layout.resolved_config("01").read_text())["config"]["draft_vocab_size"]
-    freq = {s: torch.load(layout.split(s) / "token_freq.pt", weights_only=True) for s in ("train", "eval")}
-    t2d = torch.from_numpy(np.load(layout.vocab(n)[1]))
+    n, freq, t2d = stage01_vocab(layout)
     return {
         "draft vocabulary": n,
         "eval coverage": round(heldout_coverage(freq["eval"], t2d), 4),
@@ -97,20 +113,11 @@ def vocab_coverage(layout: RunLayout, sizes: list[int] = ()) -> list[dict]:
     """A dataset's supervised tokens that draft vocabularies can emit, train and eval (`vocab.coverage_by_size`), at
     its own size, twice it, the verifier's whole vocabulary and `sizes`, from the token counts its stage 01 wrote: the
     ceiling of a vocabulary lever, read before any arm of it is trained. A dataset without them is refused."""
-    import numpy as np
-    import torch
-
     from draftlab.data.vocab import coverage_by_size
 
-    paths = [layout.split(s) / "token_freq.pt" for s in ("train", "eval")] + [layout.resolved_config("01")]
-    if missing := [p for p in paths if not p.is_file()]:
-        raise DraftlabError(
-            f"{missing[0]} is missing: run stage 01 on {layout.dataset_name} first (draftlab run --only 01)."
-        )
-    n = json.loads(layout.resolved_config("01").read_text())["config"]["draft_vocab_size"]
-    target = len(np.load(layout.vocab(n)[1]))  # t2d has one entry per verifier token
-    train, held = (torch.load(p, weights_only=True) for p in paths[:2])
-    return coverage_by_size(train, held, sorted({n, min(2 * n, target), target, *sizes}), target)
+    n, freq, t2d = stage01_vocab(layout)
+    target = len(t2d)
+    return coverage_by_size(freq["train"], freq["eval"], sorted({n, min(2 * n, target), target, *sizes}), target)
 
 
 def coverage_line(rows: list[dict]) -> str:
