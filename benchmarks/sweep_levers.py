@@ -11,14 +11,14 @@ base's answers unless it changes what they are (`reuse_answers`). Then draftlab'
 base dataset's prompt set, so every arm meets the same prompts; tau is pooled with a bootstrap interval over prompts,
 and each arm's difference from the first arm (the base) on the same prompts with a paired interval (a prompt's
 difficulty cancels, so a lever is told apart where two overlapping intervals would not). An arm already trained and
-measured is read back, so the sweep resumes where it stopped; `--from DIR` reads back the arms an earlier sweep measured
-(a lease's files brought back), so a lease trains new arms only. The table: arm, training seconds and, for an arm with a
-dataset of its own, notebook 01's (what the lever cost), the draft vocabulary's eval coverage, the train split's
-supervised tokens, held-out accuracy per drafted position, eval tau, bench tau and bench tau minus the base's; the
-winner is the arm of highest eval tau. `levers.png` draws the bench differences, `levers_cost.png` bench tau against
-those seconds and against the train text. `--serve` then serves the arm chosen on eval in vLLM (its notebook 05 on the
-same number of bench prompts, one in flight): the table's last column is vLLM's own bench tau for it, and a line gives
-the loop's minus vLLM's, paired. The paired interval holds the prompts' draw, not the run's: an arm that sets only
+measured is read back, so the sweep resumes where it stopped; `--from DIR` (once or more) reads back the arms earlier
+sweeps measured (a lease's files brought back), so a lease trains new arms only. The table: arm, training seconds and,
+for an arm with a dataset of its own, notebook 01's (what the lever cost), the draft vocabulary's eval coverage, the
+train split's supervised tokens, held-out accuracy per drafted position, eval tau, bench tau and bench tau minus the
+base's; the winner is the arm of highest eval tau. `levers.png` draws the bench differences, `levers_cost.png` bench tau
+against those seconds and against the train text. `--serve` then serves the arm chosen on eval in vLLM (its notebook 05
+on the same number of bench prompts, one in flight): the table's last column is vLLM's own bench tau for it, and a line
+gives the loop's minus vLLM's, paired. The paired interval holds the prompts' draw, not the run's: an arm that sets only
 `seed` (`--arm seed1:seed=1`: 01 and 04 drawn again) or only `train_seed` (`--arm draw1:train_seed=1`: 04 alone, on the
 base's data) is the base drawn again, and the table says how far such draws moved and which levers went beyond (on this
 CPU a draw moved bench tau +0.058, as far as any lever: BENCHMARKS.md, "more of the verifier's text, and the base drawn
@@ -210,20 +210,22 @@ def measured(path: Path) -> dict:
     return row if "steps" in row.get("bench tau", {}) else {}
 
 
-def read_back(earlier: str | None, folder: Path, names: list[str]) -> list[str]:
-    """`--from DIR`: the arms this sweep names that an earlier one measured (its folder, brought back from a lease)
-    copied beside `--out` where it has none of its own, so they are read back instead of trained and measured again:
-    a lease spends its time on new arms only. Sound where the earlier sweep ran the same recipe and prompts (the base
-    of 2026-12-07 gave the same tau and accuracies to the last digit in two leases). The names read back."""
+def read_back(earlier: list[str] | None, folder: Path, names: list[str]) -> list[str]:
+    """`--from DIR` (once or more): the arms this sweep names that earlier ones measured (their folders, brought back
+    from leases; the first folder holding an arm gives it) copied beside `--out` where it has none of its own, so they
+    are read back instead of trained and measured again: a lease spends its time on new arms only. Sound where the
+    earlier sweeps ran the same recipe and prompts (the base of 2026-12-07 gave the same tau and accuracies to the last
+    digit in two leases). The names read back."""
     got = []
-    for name in names if earlier else []:
-        src, dest = Path(earlier) / f"arm-{name}.json", folder / f"arm-{name}.json"
-        if measured(src) and not dest.exists():
+    for name in names:
+        dest = folder / f"arm-{name}.json"
+        src = next((s for d in earlier or [] if measured(s := Path(d) / f"arm-{name}.json")), None)
+        if src and not dest.exists():
             shutil.copyfile(src, dest)
-            got.append(name)
+            got.append(f"{name} ({src.parent})")
     if got:
-        print(f"read back from {earlier}, not trained again: {', '.join(got)}", flush=True)
-    return got
+        print(f"read back, not trained again: {', '.join(got)}", flush=True)
+    return [g.split(" (")[0] for g in got]
 
 
 def measure_arm(args, v, split_prompts: dict, name: str, sets: dict, layout: RunLayout, base: RunLayout) -> dict:
@@ -279,7 +281,9 @@ def main() -> None:
     a.add_argument("--set", action="append", default=[], dest="base", help="key=value every arm shares (the recipe)")
     a.add_argument("--overlap", action="store_true", help="train the next arm while this one's tau is measured")
     a.add_argument("--serve", action="store_true", help="the arm chosen on eval served by vLLM (its 05) at the end")
-    a.add_argument("--from", dest="earlier", help="an earlier sweep's folder: the arms it measured are read back")
+    a.add_argument(
+        "--from", dest="earlier", action="append", help="an earlier sweep's folder (once or more): its arms read back"
+    )
     a.add_argument("--keep-states", action="store_true", help="keep own-dataset arms' train states once trained")
     a.add_argument("--out", required=True)
     args = a.parse_args()
@@ -353,6 +357,24 @@ def summarise(rows: list[dict], out: Path, args: dict) -> dict:
     return result
 
 
+def resummarise(out: Path, files: list[str]) -> dict:
+    """`summarise OUT.json arm-base.json ...`: the table and figures again from arm files (a cut sweep's, or arms of
+    several leases). What the sweep wrote in OUT beside the arms (its arguments, the vocabulary coverage, the arms not
+    run, the served figure) is kept, the arm files named under `summarised from`; an arm served but no longer among
+    them has its served figure dropped, since the table would pin it on nothing."""
+    before = json.loads(out.read_text()) if out.exists() else {}
+    rows = [json.loads(Path(f).read_text()) for f in files]
+    result = summarise(rows, out, before.get("args", {}))
+    kept = {k: before[k] for k in ("vocabulary coverage", "not run", "served") if k in before}
+    if kept.get("served", {}).get("arm") not in {r["arm"] for r in rows}:
+        kept.pop("served", None)
+    result = {**result, **kept, "summarised from": files}
+    out.write_text(json.dumps(result, indent=1))
+    if "served" in kept:
+        print(table(result))
+    return result
+
+
 def table(result: dict) -> str:
     """The levers table (markdown): the chosen arm marked; bench tau is what is reported, beside its paired
     difference from the base (marked * where the interval leaves out 0)."""
@@ -414,6 +436,6 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["table"]:
         print(table(json.loads(Path(sys.argv[2]).read_text())))
     elif sys.argv[1:2] == ["summarise"]:
-        summarise([json.loads(Path(f).read_text()) for f in sys.argv[3:]], Path(sys.argv[2]), {"arms": sys.argv[3:]})
+        resummarise(Path(sys.argv[2]), sys.argv[3:])
     else:
         main()

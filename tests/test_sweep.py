@@ -157,11 +157,16 @@ def test_arms_an_earlier_sweep_measured_are_read_back_not_trained_and_one_measur
     (earlier / "arm-ttt5.json").write_text(json.dumps(_row("ttt5", {}, 2.4)))  # no step tables: measured again
     (here / "arm-noise.json").write_text(json.dumps({**measured, "arm": "noise (this lease)"}))
     (earlier / "arm-noise.json").write_text(json.dumps({**measured, "arm": "noise (earlier)"}))
-    assert sweep.read_back(str(earlier), here, ["base", "ttt5", "noise", "steps6k"]) == ["base"]
+    lease2 = tmp_path / "lease2"  # a second earlier sweep: its steps6k read back, its base not (lease1's comes first)
+    lease2.mkdir()
+    (lease2 / "arm-steps6k.json").write_text(json.dumps({**measured, "arm": "steps6k"}))
+    (lease2 / "arm-base.json").write_text(json.dumps({**measured, "arm": "base (lease2)"}))
+    got = sweep.read_back([str(earlier), str(lease2)], here, ["base", "ttt5", "noise", "steps6k"])
+    assert got == ["base", "steps6k"] and sweep.measured(here / "arm-steps6k.json")["arm"] == "steps6k"
     assert sweep.measured(here / "arm-base.json") == measured and not (here / "arm-ttt5.json").exists()
     assert json.loads((here / "arm-noise.json").read_text())["arm"] == "noise (this lease)"
-    assert sweep.measured(earlier / "arm-ttt5.json") == {} and sweep.measured(here / "arm-steps6k.json") == {}
-    assert sweep.read_back(None, here, ["ttt5"]) == [] and sweep.read_back(str(earlier), here, ["base"]) == []
+    assert sweep.measured(earlier / "arm-ttt5.json") == {} and sweep.measured(here / "arm-steps9k.json") == {}
+    assert sweep.read_back(None, here, ["ttt5"]) == [] and sweep.read_back([str(earlier)], here, ["base"]) == []
 
 
 def test_an_arm_whose_states_would_not_fit_on_the_disk_is_not_started_and_said(tmp_path, monkeypatch):
@@ -252,10 +257,15 @@ def test_a_failed_training_stops_the_sweep_and_names_the_command():
 
 def test_a_cut_sweeps_arm_files_give_the_table_and_figures_the_whole_sweep_gave(tmp_path):
     """`summarise` rebuilds the result from the arms a sweep had measured (the CPU pilot's, its own-01 seconds kept in
-    the arm's file as the sweep now does): the rows equal those of the whole sweep's table."""
+    the arm's file as the sweep now does): the rows equal those of the whole sweep's table. What the sweep had written
+    in levers.json beside the arms (its arguments, the vocabulary coverage) stays; a served figure for an arm not
+    among those summarised goes (2026-12-07: the rewrite dropped a GPU sweep's coverage line and arguments)."""
     pilot = ROOT / "benchmarks" / "results" / "levers-cpu-2026-12-06"
     text2x = json.loads((pilot / "arm-text2x.json").read_text())
     (tmp_path / "arm-text2x.json").write_text(json.dumps({**text2x, "01 seconds": 293.1}))
+    coverage = [{"draft vocabulary": 32768, "train coverage": 1.0, "eval coverage": 0.9948}]
+    earlier = {"args": {"profile": "gpu", "k": 5}, "vocabulary coverage": coverage, "served": {"arm": "ttt3"}}
+    (tmp_path / "levers.json").write_text(json.dumps(earlier))
     cmd = [sys.executable, str(ROOT / "benchmarks" / "sweep_levers.py"), "summarise", str(tmp_path / "levers.json")]
     got = subprocess.run(
         [*cmd, str(pilot / "arm-base.json"), str(tmp_path / "arm-text2x.json")],
@@ -273,6 +283,13 @@ def test_a_cut_sweeps_arm_files_give_the_table_and_figures_the_whole_sweep_gave(
     assert rows["| text2x (chosen on eval)"].split(" | ") == cells(whole[-1])  # 271 s, own 01 293 s, +0.050*
     assert rows["| base"].split(" | ") == cells(whole[2])
     assert (tmp_path / "levers.png").stat().st_size > 0 and (tmp_path / "levers_cost.png").stat().st_size > 0
+    result = json.loads((tmp_path / "levers.json").read_text())
+    assert result["args"] == earlier["args"] and result["vocabulary coverage"] == coverage
+    assert "served" not in result and [Path(f).name for f in result["summarised from"]] == [
+        "arm-base.json",
+        "arm-text2x.json",
+    ]
+    assert [r["arm"] for r in result["arms"]] == ["base", "text2x"]
 
 
 def test_arms_that_only_draw_the_base_again_are_the_yardstick_the_table_states():
