@@ -47,6 +47,7 @@ from draftlab.training import arms
 from draftlab.training.plots import levers_cost
 
 SPLITS = ("eval", "bench")  # the split the choice is made on, the split reported
+TARGET_TAU = 3.0  # issue 51's EAGLE-3 target (bench, k 5): the steps curve says whether steps alone reach it
 
 
 def arm_run(profile: str, name: str, sets: dict, base: str) -> RunLayout:
@@ -347,6 +348,8 @@ def summarise(rows: list[dict], out: Path, args: dict) -> dict:
     taus = [{f"{s} tau": {k: v for k, v in r[f"{s} tau"].items() if k != "steps"} for s in SPLITS} for r in rows]
     brief = [{**r, **t} for r, t in zip(rows, taus, strict=True)]
     result = {"args": args, "chosen on eval": best["arm"], "arms": brief, "against the base": vs}
+    if curves := [c for split in SPLITS if (c := arms.steps_curve(rows, split, TARGET_TAU))]:
+        result["steps curve"] = curves
     out.write_text(json.dumps(result, indent=1))
     bench = rows[0]["bench tau"]
     k, n = len(bench["p"]), bench["prompts"]
@@ -417,6 +420,8 @@ def table(result: dict) -> str:
             f"the base only beyond {spread:.3f}; beyond it: {', '.join(beyond) or 'none'}"
             + (" (* its paired interval leaves out 0 too; the others' hold it)." if beyond else ".")
         )
+    for curve in result.get("steps curve", []):  # three step counts or more of the base recipe
+        lines.append("\n" + arms.curve_line(curve))
     if served:
         d = served["loop - vLLM"]
         lines.append(

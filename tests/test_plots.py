@@ -29,6 +29,31 @@ def _records(kind: str) -> list[dict]:
     ]
 
 
+def _lever_rows(tokens):
+    return [
+        {"arm": a, "training seconds": s, "steps": n, "data": {"train tokens": t}, "bench tau": tau}
+        for a, s, n, t, tau in zip(
+            ("base", "more"),
+            (40, 60),
+            (1500, 6000),
+            tokens,
+            ({"value": 1.2, "lo": 1, "hi": 2}, {"value": 1.4, "lo": 1, "hi": 2}),
+            strict=True,
+        )
+    ]
+
+
+def test_levers_cost_draws_steps_on_a_log_axis_and_a_rewritten_datasets_text_as_the_same():
+    """Two arms whose datasets differ by 0.05% of their text (answers written again in another lease) are drawn
+    near one point of the text axis, not at its two ends; the steps axis is log 2 (the steps lever doubles)."""
+    fig = train_plots.levers_cost(_lever_rows((2_833_238, 2_831_743)))
+    seconds, steps, text = fig.axes
+    lo, hi = text.get_xlim()
+    assert hi - lo >= 0.1 * 2_832_490 and lo < 2_831_743 < 2_833_238 < hi
+    assert steps.get_xscale() == "log" and steps.get_xlim()[0] < 1500 and steps.get_xlim()[1] > 6000
+    plt.close(fig)
+
+
 def _cases():
     pack = synthetic_pack([40, 50, 21], 128)
     g = torch.Generator().manual_seed(0)
@@ -43,15 +68,7 @@ def _cases():
         "training_curves": lambda: train_plots.training_curves(runs),
         "position_accuracy": lambda: train_plots.position_curves(runs),
         "position_accuracy_arms": lambda: train_plots.arm_curves({"gpu": runs, "gpu-ttt5": runs}),
-        "levers_cost": lambda: train_plots.levers_cost(
-            [
-                {"arm": a, "training seconds": s, "data": {"train tokens": n}, "bench tau": tau}
-                for a, s, n, tau in (
-                    ("base", 40, 100, {"value": 1.2, "lo": 1, "hi": 2}),
-                    ("more", 60, 200, {"value": 1.4, "lo": 1, "hi": 2}),
-                )
-            ]
-        ),
+        "levers_cost": lambda: train_plots.levers_cost(_lever_rows((100, 200))),
         "accepted_length_hist": lambda: accept_plots.accepted_length_histogram({"ngram": [3, 2, 1]}, "t"),
         "alpha_n": lambda: accept_plots.alpha_plot({"ngram online": [0.8, None], "eagle3 offline": [0.9, 0.5]}, "t"),
         "tau_vs_k": lambda: accept_plots.tau_vs_k({"ngram": {1: 1.4, 3: 1.9}}, "t"),

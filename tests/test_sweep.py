@@ -386,3 +386,27 @@ def test_vocab_coverage_gives_each_sizes_train_and_held_out_share_and_writes_not
         arms.coverage_line(rows[:1])
         == "supervised tokens the draft vocabulary can emit, train / eval: 1: 0.5000 / 0.4000"
     )
+
+
+def test_the_steps_curve_finds_where_a_saturating_lever_levels_off_and_the_steps_a_target_needs():
+    """Arms of the base recipe at four step counts, tau drawn from 3.2 - 0.5 / (steps/1000): the fit gives the ceiling
+    3.2 back and 3.0 at 2,500 steps; a ceiling under the target says steps alone do not reach it; arms that change
+    anything beside `train_steps` are left out, and under three step counts there is no curve. The table prints it."""
+    from draftlab.training import arms
+
+    sweep = _sweep()
+
+    def arm(name, steps, settings=None):
+        tau = {"value": 3.2 - 0.5 / (steps / 1000), "lo": 0.0, "hi": 9.0}
+        return {"arm": name, "steps": steps, "settings": settings or {"train_steps": steps}, "bench tau": tau}
+
+    rows = [arm("base", 1500, {}), arm("s3", 3000), arm("s6", 6000), arm("s12", 12000)]
+    rows += [{**arm("text", 6000, {"extra_samples": 2, "train_steps": 6000}), "bench tau": {"value": 1.0}}]
+    curve = arms.steps_curve(rows, "bench", 3.0)
+    assert abs(curve["ceiling"] - 3.2) < 0.005 and abs(curve["a"] - 1.0) < 0.02 and curve["rms"] < 1e-3
+    assert abs(curve["steps for target"] - 2500) < 60 and [s for s, _ in curve["points"]] == [1500, 3000, 6000, 12000]
+    assert arms.steps_curve(rows, "bench", 3.3)["steps for target"] is None
+    assert "3.3 not reached by steps" in arms.curve_line(arms.steps_curve(rows, "bench", 3.3))
+    assert arms.steps_curve(rows[:2] + rows[-1:], "bench", 3.0) is None
+    result = {"arms": [_row("base", {}, 2.867)], "chosen on eval": "base", "steps curve": [curve]}
+    assert "levels off at 3.200" in sweep.table(result) and "3.0 at about 2," in sweep.table(result)

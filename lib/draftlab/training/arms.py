@@ -124,3 +124,49 @@ def coverage_line(rows: list[dict]) -> str:
     """`vocab_coverage`'s rows as one line: size: train / eval."""
     cells = [f"{r['draft vocabulary']}: {r['train coverage']:.4f} / {r['eval coverage']:.4f}" for r in rows]
     return "supervised tokens the draft vocabulary can emit, train / eval: " + ", ".join(cells)
+
+
+def steps_curve(rows: list[dict], split: str = "bench", target: float | None = None) -> dict | None:
+    """Where the steps lever levels off: `split` tau of the arms that change nothing but `train_steps` (the base
+    included) fitted as tau = ceiling - c * (steps / 1000) ** -a (least squares, `a` on a grid), the usual shape of a
+    quantity that saturates with training. With `target`, the steps the fit needs to reach it (None above the
+    ceiling). It extrapolates: read it as where the curve is heading, not a measurement. None under three step
+    counts."""
+    import numpy as np
+
+    pts = sorted({(r["steps"], r[f"{split} tau"]["value"]) for r in rows if set(r["settings"]) <= {"train_steps"}})
+    if len({s for s, _ in pts}) < 3:
+        return None
+    x, tau = np.array([s for s, _ in pts]) / 1000.0, np.array([t for _, t in pts])
+    fits = []
+    for a in np.linspace(0.05, 3.0, 296):
+        design = np.stack([np.ones_like(x), -(x**-a)], axis=1)
+        (ceiling, c), *_ = np.linalg.lstsq(design, tau, rcond=None)
+        fits.append((float(((design @ [ceiling, c] - tau) ** 2).mean()), float(a), float(ceiling), float(c)))
+    mse, a, ceiling, c = min(fits)
+    need = None if target is None or target >= ceiling or c <= 0 else round(1000 * (c / (ceiling - target)) ** (1 / a))
+    return {
+        "split": split,
+        "points": pts,
+        "ceiling": round(ceiling, 3),
+        "c": round(c, 4),
+        "a": round(a, 2),
+        "rms": round(mse**0.5, 4),
+        "target": target,
+        "steps for target": need,
+    }
+
+
+def curve_line(curve: dict) -> str:
+    """`steps_curve` as one line."""
+    steps = ", ".join(f"{s}: {t:.3f}" for s, t in curve["points"])
+    head = (
+        f"{curve['split']} tau against steps ({steps}) levels off at {curve['ceiling']:.3f} "
+        f"(tau = ceiling - {curve['c']} * (steps/1000)^-{curve['a']}, rms {curve['rms']})"
+    )
+    if curve["target"] is None:
+        return head
+    need = curve["steps for target"]
+    return head + (
+        f"; {curve['target']} at about {need:,} steps" if need else f"; {curve['target']} not reached by steps"
+    )

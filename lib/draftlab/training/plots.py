@@ -98,22 +98,37 @@ def arm_curves(arms: dict[str, dict[str, list[dict]]]):
 def levers_cost(rows: list[dict]):
     """A sweep's arms (`benchmarks/sweep_levers.py` rows): bench tau with its interval against the seconds the arm
     cost (its training, and its own notebook 01 where it made a dataset of its own: what a lever buys per
-    device-second) and against the train split's supervised tokens (a more-text lever's curve: how much more of the
-    verifier's text would reach a target)."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, x_of, label in (
-        (axes[0], lambda r: r["training seconds"] + (r.get("01 seconds") or 0.0), "seconds: training + its own 01"),
-        (axes[1], lambda r: r["data"]["train tokens"], "train split's supervised tokens (the verifier's text)"),
-    ):
+    device-second), against its training steps (log scale: the steps lever's curve, where it levels off) and against
+    the train split's supervised tokens (a more-text lever's curve: how much more of the verifier's text would reach a
+    target). The text axis spans at least a tenth of its mean: answers written again move a dataset by a few hundredths
+    of a percent, which would otherwise be drawn as far apart as doubling the text."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    panels = (
+        (lambda r: r["training seconds"] + (r.get("01 seconds") or 0.0), "seconds: training + its own 01"),
+        (lambda r: r.get("steps"), "training steps (log scale)"),
+        (lambda r: r["data"]["train tokens"], "train split's supervised tokens (the verifier's text)"),
+    )
+    for ax, (x_of, label) in zip(axes, panels, strict=True):
         for i, r in enumerate(rows):
             t, x = r["bench tau"], x_of(r)
+            if x is None:
+                continue
             err = [[t["value"] - t["lo"]], [t["hi"] - t["value"]]]
             ax.errorbar([x], [t["value"]], yerr=err, fmt="o", color=f"C{i}")
             ax.annotate(r["arm"], (x, t["value"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
         ax.set_xlabel(label)
         ax.set_ylabel("bench tau, pooled, 95% interval")
         ax.grid(alpha=0.3)
+    if any(r.get("steps") for r in rows):
+        axes[1].set_xscale("log", base=2)
+    tokens = [r["data"]["train tokens"] for r in rows]
+    mid, half = (
+        (max(tokens) + min(tokens)) / 2,
+        max((max(tokens) - min(tokens)) * 0.6, 0.05 * sum(tokens) / len(tokens)),
+    )
+    axes[2].set_xlim(mid - half, mid + half)
     axes[0].set_title("what each lever buys, against what it cost", fontsize=10)
-    axes[1].set_title("bench tau against the text the draft learned from", fontsize=10)
+    axes[1].set_title("bench tau against training steps", fontsize=10)
+    axes[2].set_title("bench tau against the text the draft learned from", fontsize=10)
     fig.tight_layout()
     return fig
