@@ -218,16 +218,16 @@ def read_back(earlier: list[str] | None, folder: Path, names: list[str]) -> list
     are read back instead of trained and measured again: a lease spends its time on new arms only. Sound where the
     earlier sweeps ran the same recipe and prompts (the base of 2026-12-07 gave the same tau and accuracies to the last
     digit in two leases). The names read back."""
-    got = []
+    got = {}  # arm: the folder it came from
     for name in names:
         dest = folder / f"arm-{name}.json"
         src = next((s for d in earlier or [] if measured(s := Path(d) / f"arm-{name}.json")), None)
         if src and not dest.exists():
             shutil.copyfile(src, dest)
-            got.append(f"{name} ({src.parent})")
+            got[name] = src.parent
     if got:
-        print(f"read back, not trained again: {', '.join(got)}", flush=True)
-    return [g.split(" (")[0] for g in got]
+        print(f"read back, not trained again: {', '.join(f'{n} ({d})' for n, d in got.items())}", flush=True)
+    return list(got)
 
 
 def measure_arm(args, v, split_prompts: dict, name: str, sets: dict, layout: RunLayout, base: RunLayout) -> dict:
