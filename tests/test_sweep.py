@@ -408,5 +408,8 @@ def test_the_steps_curve_finds_where_a_saturating_lever_levels_off_and_the_steps
     assert arms.steps_curve(rows, "bench", 3.3)["steps for target"] is None
     assert "3.3 not reached by steps" in arms.curve_line(arms.steps_curve(rows, "bench", 3.3))
     assert arms.steps_curve(rows[:2] + rows[-1:], "bench", 3.0) is None
+    falling = [{**r, "bench tau": {"value": 2.0 - r["steps"] / 10000}} for r in rows[:4]]
+    assert arms.steps_curve(falling, "bench", 3.0)["ceiling"] is None
+    assert "does not rise with steps" in arms.curve_line(arms.steps_curve(falling, "bench", 3.0))
     result = {"arms": [_row("base", {}, 2.867)], "chosen on eval": "base", "steps curve": [curve]}
     assert "levels off at 3.200" in sweep.table(result) and "3.0 at about 2," in sweep.table(result)

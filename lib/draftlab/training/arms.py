@@ -131,7 +131,7 @@ def steps_curve(rows: list[dict], split: str = "bench", target: float | None = N
     included) fitted as tau = ceiling - c * (steps / 1000) ** -a (least squares, `a` on a grid), the usual shape of a
     quantity that saturates with training. With `target`, the steps the fit needs to reach it (None above the
     ceiling). It extrapolates: read it as where the curve is heading, not a measurement. None under three step
-    counts."""
+    counts; a curve that no rising fit matches (tau falling with steps) has no ceiling (`ceiling` None)."""
     import numpy as np
 
     pts = sorted({(r["steps"], r[f"{split} tau"]["value"]) for r in rows if set(r["settings"]) <= {"train_steps"}})
@@ -142,14 +142,17 @@ def steps_curve(rows: list[dict], split: str = "bench", target: float | None = N
     for a in np.linspace(0.05, 3.0, 296):
         design = np.stack([np.ones_like(x), -(x**-a)], axis=1)
         (ceiling, c), *_ = np.linalg.lstsq(design, tau, rcond=None)
-        fits.append((float(((design @ [ceiling, c] - tau) ** 2).mean()), float(a), float(ceiling), float(c)))
+        if c > 0:  # rising towards the ceiling
+            fits.append((float(((design @ [ceiling, c] - tau) ** 2).mean()), float(a), float(ceiling), float(c)))
+    if not fits:
+        return {"split": split, "points": pts, "ceiling": None, "target": target, "steps for target": None}
     mse, a, ceiling, c = min(fits)
-    need = None if target is None or target >= ceiling or c <= 0 else round(1000 * (c / (ceiling - target)) ** (1 / a))
+    need = None if target is None or target >= ceiling else round(1000 * (c / (ceiling - target)) ** (1 / a))
     return {
         "split": split,
         "points": pts,
         "ceiling": round(ceiling, 3),
-        "c": round(c, 4),
+        "c": float(f"{c:.3g}"),
         "a": round(a, 2),
         "rms": round(mse**0.5, 4),
         "target": target,
@@ -160,6 +163,8 @@ def steps_curve(rows: list[dict], split: str = "bench", target: float | None = N
 def curve_line(curve: dict) -> str:
     """`steps_curve` as one line."""
     steps = ", ".join(f"{s}: {t:.3f}" for s, t in curve["points"])
+    if curve["ceiling"] is None:
+        return f"{curve['split']} tau against steps ({steps}) does not rise with steps: no ceiling to read off"
     head = (
         f"{curve['split']} tau against steps ({steps}) levels off at {curve['ceiling']:.3f} "
         f"(tau = ceiling - {curve['c']} * (steps/1000)^-{curve['a']}, rms {curve['rms']})"
