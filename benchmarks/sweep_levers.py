@@ -327,11 +327,10 @@ def main() -> None:
         return measure_arm(args, v, split_prompts, n, parsed[n], layouts[n], base)
 
     rows = [r for r in run_arms(names, train, measure, args.overlap) if r]
-    result = {**summarise(rows, out, vars(args)), "vocabulary coverage": coverage}
+    beside = {"vocabulary coverage": coverage, **({"not run": skipped} if skipped else {})}
+    result = summarise(rows, out, vars(args), beside)
     if skipped:  # said again under the table, and kept in levers.json
-        result["not run"] = skipped
         print("\n".join(skipped.values()))
-    out.write_text(json.dumps(result, indent=1))
     if args.serve:
         chosen = result["chosen on eval"]
         finish(train_arm(args.profile, args.kind, layouts[chosen], parsed[chosen], base.dataset_name, args.base))
@@ -340,8 +339,9 @@ def main() -> None:
         print(table(result))
 
 
-def summarise(rows: list[dict], out: Path, args: dict) -> dict:
-    """`out` (levers.json), levers.png and levers_cost.png from the arms' rows (the first is the base); printed as the
+def summarise(rows: list[dict], out: Path, args: dict, beside: dict | None = None) -> dict:
+    """`out` (levers.json), levers.png and levers_cost.png from the arms' rows (the first is the base), with `beside`
+    (what the sweep keeps next to the arms: the vocabulary coverage, the arms not run, a served figure); printed as the
     table. `summarise OUT.json arm-base.json arm-b.json ...` does it for arms a cut sweep measured."""
     best = max(rows, key=lambda r: r["eval tau"]["value"])
     vs = {split: against_base(rows, split) for split in SPLITS}
@@ -351,6 +351,7 @@ def summarise(rows: list[dict], out: Path, args: dict) -> dict:
     result = {"args": args, "chosen on eval": best["arm"], "arms": brief, "against the base": vs}
     if curves := [c for split in SPLITS if (c := arms.steps_curve(rows, split, TARGET_TAU))]:
         result["steps curve"] = curves
+    result.update(beside or {})
     out.write_text(json.dumps(result, indent=1))
     bench = rows[0]["bench tau"]
     k, n = len(bench["p"]), bench["prompts"]
@@ -368,15 +369,10 @@ def resummarise(out: Path, files: list[str]) -> dict:
     them has its served figure dropped, since the table would pin it on nothing."""
     before = json.loads(out.read_text()) if out.exists() else {}
     rows = [json.loads(Path(f).read_text()) for f in files]
-    result = summarise(rows, out, before.get("args", {}))
     kept = {k: before[k] for k in ("vocabulary coverage", "not run", "served") if k in before}
     if kept.get("served", {}).get("arm") not in {r["arm"] for r in rows}:
         kept.pop("served", None)
-    result = {**result, **kept, "summarised from": files}
-    out.write_text(json.dumps(result, indent=1))
-    if "served" in kept:
-        print(table(result))
-    return result
+    return summarise(rows, out, before.get("args", {}), {**kept, "summarised from": files})
 
 
 def table(result: dict) -> str:

@@ -197,7 +197,13 @@ def test_an_arm_whose_states_would_not_fit_on_the_disk_is_not_started_and_said(t
     monkeypatch.setattr(sweep, "states_room", lambda layout, b, sets: "no room" if "extra_samples" in sets else None)
     monkeypatch.setattr(sweep, "train_arm", lambda profile, kind, layout, sets, b, base_sets: trained.append(layout))
     monkeypatch.setattr(sweep, "measure_arm", lambda args, v, prompts, name, sets, layout, b: {"arm": name})
-    monkeypatch.setattr(sweep, "summarise", lambda rows, o, args: {"arms": [r["arm"] for r in rows]})
+
+    def summarise(rows, o, args, beside):  # writes what main hands it, as the real one does
+        o.parent.mkdir(parents=True, exist_ok=True)
+        o.write_text(json.dumps(result := {"arms": [r["arm"] for r in rows], **beside}))
+        return result
+
+    monkeypatch.setattr(sweep, "summarise", summarise)
     monkeypatch.setattr(sweep.config, "load_profile", lambda profile: {"dataset_name": "d", "verifier": "v"})
     monkeypatch.setattr(sweep, "draftlab_run", lambda *a: None)
     monkeypatch.setattr(sweep, "load_verifier", lambda *a, **k: SimpleNamespace(tokenizer=None))

@@ -91,7 +91,7 @@ def stage01_vocab(layout: RunLayout) -> tuple[int, dict[str, dict[int, int]], to
             f"{missing[0]} is missing: run stage 01 on {layout.dataset_name} first (draftlab run --only 01)."
         )
     n = json.loads(paths[2].read_text())["config"]["draft_vocab_size"]
-    freq = {s: torch.load(p, weights_only=True) for s, p in zip(("train", "eval"), paths, strict=False)}
+    freq = {s: torch.load(p, weights_only=True) for s, p in zip(("train", "eval"), paths[:2], strict=True)}
     return n, freq, torch.from_numpy(np.load(layout.vocab(n)[1]))
 
 
