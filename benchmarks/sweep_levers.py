@@ -212,17 +212,36 @@ def measured(path: Path) -> dict:
     return row if "steps" in row.get("bench tau", {}) else {}
 
 
-def read_back(earlier: list[str] | None, folder: Path, names: list[str]) -> list[str]:
+def recipe_of(path: Path) -> dict | None:
+    """The recipe (the sweep's `--set`s every arm shared) an arm file was measured under: kept in the file since
+    2026-12-07, else its folder's levers.json's arguments; None where neither says (sweeps before arguments were
+    kept)."""
+    row = json.loads(path.read_text())
+    if "recipe" not in row:
+        sweep = path.with_name("levers.json")
+        row["recipe"] = json.loads(sweep.read_text()).get("args", {}).get("base") if sweep.is_file() else None
+    return None if row["recipe"] is None else parse_sets(row["recipe"])
+
+
+def parse_sets(pairs: list[str]) -> dict:
+    """`key=value` strings as a dict, each value read as YAML (as `--set` reads it)."""
+    return {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in pairs if kv)}
+
+
+def read_back(earlier: list[str] | None, folder: Path, names: list[str], recipe: list[str] = ()) -> list[str]:
     """`--from DIR` (once or more): the arms this sweep names that earlier ones measured (their folders, brought back
     from leases; the first folder holding an arm gives it) copied beside `--out` where it has none of its own, so they
     are read back instead of trained and measured again: a lease spends its time on new arms only. Sound where the
     earlier sweeps ran the same recipe and prompts (the base of 2026-12-07 gave the same tau and accuracies to the last
-    digit in two leases). The names read back."""
+    digit in two leases): an arm whose file names another `recipe` than this sweep's is not read back, and said. The
+    names read back."""
     got = {}  # arm: the folder it came from
     for name in names:
         dest = folder / f"arm-{name}.json"
         src = next((s for d in earlier or [] if measured(s := Path(d) / f"arm-{name}.json")), None)
-        if src and not dest.exists():
+        if src and (theirs := recipe_of(src)) is not None and theirs != parse_sets(recipe):
+            print(f"not read back: {src} was measured under the recipe {theirs}, this sweep's is {parse_sets(recipe)}")
+        elif src and not dest.exists():
             shutil.copyfile(src, dest)
             got[name] = src.parent
     if got:
@@ -238,7 +257,7 @@ def measure_arm(args, v, split_prompts: dict, name: str, sets: dict, layout: Run
     row = measured(cached)
     if not row:  # not measured, or measured before step tables were kept
         trained = arms.arm_table({name: {args.kind: arms.read_metrics(layout.draft(args.kind))}})[0]
-        row = {**trained, "settings": sets, "run": f"{layout.dataset_name}/{layout.run_name}"}
+        row = {**trained, "settings": sets, "recipe": args.base, "run": f"{layout.dataset_name}/{layout.run_name}"}
         row["data"] = arms.arm_data(layout)
         row["trained beside a measurement"] = args.overlap and name != args.arm[0].partition(":")[0]
         for split, prompts in split_prompts.items():
@@ -266,6 +285,7 @@ def serve_chosen(args, name: str, sets: dict, layout: RunLayout, base: str) -> d
         "arm": name,
         "vLLM bench tau": served["intervals"][args.kind]["tau"][POOLED],
         "loop - vLLM": {key: pair[key] for key in ("difference", "lo", "hi")},
+        "loop bench tau (05)": pair["value_a"],
         "prompts": served["intervals"][args.kind]["n_prompts"],
     }
 
@@ -294,7 +314,7 @@ def main() -> None:
     parsed = {}
     for spec in args.arm:
         name, _, rest = spec.partition(":")
-        parsed[name] = {k: yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in rest.split(",") if kv)}
+        parsed[name] = parse_sets(rest.split(","))
     params = config.load_profile(args.profile)
     base = RunLayout(params["dataset_name"], args.profile)
     if not base.resolved_config("01").is_file() or any("01" in config.readers(s.split("=")[0]) for s in args.base):
@@ -306,7 +326,7 @@ def main() -> None:
     names = list(parsed)
     layouts = {n: arm_run(args.profile, n, parsed[n], base.dataset_name) for n in names}
 
-    read_back(args.earlier, out.parent, names)
+    earlier = read_back(args.earlier, out.parent, names, args.base)
 
     skipped = {}
 
@@ -333,8 +353,13 @@ def main() -> None:
         print("\n".join(skipped.values()))
     if args.serve:
         chosen = result["chosen on eval"]
+        anew = chosen in earlier and not (layouts[chosen].final(args.kind) / "config.json").is_file()
         finish(train_arm(args.profile, args.kind, layouts[chosen], parsed[chosen], base.dataset_name, args.base))
         result["served"] = serve_chosen(args, chosen, parsed[chosen], layouts[chosen], base.dataset_name)
+        if anew:  # its row is an earlier lease's draft; the one served, this lease's, has its own loop figure in 05
+            result["served"]["draft"] = (
+                "trained again for serving: the arm was read back with --from, its draft was not"
+            )
         out.write_text(json.dumps(result, indent=1))
         print(table(result))
 
@@ -368,11 +393,28 @@ def resummarise(out: Path, files: list[str]) -> dict:
     run, the served figure) is kept, the arm files named under `summarised from`; an arm served but no longer among
     them has its served figure dropped, since the table would pin it on nothing."""
     before = json.loads(out.read_text()) if out.exists() else {}
-    rows = [json.loads(Path(f).read_text()) for f in files]
+    rows = against_recipe([json.loads(Path(f).read_text()) for f in files], [recipe_of(Path(f)) for f in files])
     kept = {k: before[k] for k in ("vocabulary coverage", "not run", "served") if k in before}
     if kept.get("served", {}).get("arm") not in {r["arm"] for r in rows}:
         kept.pop("served", None)
     return summarise(rows, out, before.get("args", {}), {**kept, "summarised from": files})
+
+
+def against_recipe(rows: list[dict], recipes: list[dict | None]) -> list[dict]:
+    """Arms of several leases, whose sweeps may have shared different recipes (one lease's base 1500 steps and one
+    sampled answer, another's 6000 steps and two): each arm's `settings` become what it ran with that differs from the
+    first known recipe (its recipe's `--set`s and its own), so the table, the draws and the steps curve compare like
+    with like. An arm whose recipe is not known keeps its own settings. A key the first recipe sets and an arm's
+    leaves out reads "(profile's)"."""
+    ref = next((r for r in recipes if r is not None), None)
+    out = []
+    for row, recipe in zip(rows, recipes, strict=True):
+        if recipe is not None:
+            ran = {**recipe, **row["settings"]}
+            differs = {k: v for k, v in ran.items() if ref.get(k) != v}
+            row = {**row, "settings": differs | {k: "(profile's)" for k in ref if k not in ran}}
+        out.append(row)
+    return out
 
 
 def table(result: dict) -> str:
@@ -423,7 +465,9 @@ def table(result: dict) -> str:
         d = served["loop - vLLM"]
         lines.append(
             f"\n{served['arm']} served by vLLM ({served['prompts']} bench prompts, one in flight): loop minus vLLM "
-            f"{d['difference']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}], paired."
+            f"{d['difference']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}], paired"
+            + (f"; 05's loop {served['loop bench tau (05)']:.3f}" if "loop bench tau (05)" in served else "")
+            + (f" ({served['draft']})." if "draft" in served else ".")
         )
     return "\n".join(lines)
 

@@ -167,6 +167,44 @@ def test_arms_an_earlier_sweep_measured_are_read_back_not_trained_and_one_measur
     assert json.loads((here / "arm-noise.json").read_text())["arm"] == "noise (this lease)"
     assert sweep.measured(earlier / "arm-ttt5.json") == {} and sweep.measured(here / "arm-steps9k.json") == {}
     assert sweep.read_back(None, here, ["ttt5"]) == [] and sweep.read_back([str(earlier)], here, ["base"]) == []
+    # an arm measured under another recipe (its file says so, or its folder's levers.json) is not read back
+    other = {**measured, "recipe": ["extra_samples=2", "train_steps=6000"]}
+    (lease2 / "arm-t2s6k.json").write_text(json.dumps(other))
+    (lease2 / "arm-steps9k.json").write_text(json.dumps(measured))
+    (lease2 / "levers.json").write_text(json.dumps({"args": {"base": ["train_steps=1500", "extra_samples=1"]}}))
+    recipe = ["extra_samples=1", "train_steps=1500"]  # the same, in another order
+    assert sweep.read_back([str(lease2)], here, ["t2s6k", "steps9k"], recipe) == ["steps9k"]
+    (tmp_path / "new").mkdir()
+    assert sweep.read_back([str(lease2)], tmp_path / "new", ["t2s6k"], ["extra_samples=2", "train_steps=6000"]) == [
+        "t2s6k"
+    ]
+    assert sweep.read_back([str(lease2)], tmp_path / "new", ["steps9k"], ["extra_samples=2"]) == []
+
+
+def test_arms_of_leases_with_different_recipes_are_tabled_by_what_each_ran_with_and_the_steps_curve_keeps_like(
+    tmp_path,
+):
+    """The GPU sweeps of 2026-12-07: the base and steps3k (sweep2, no recipe kept), steps6k and steps9k (sweep3's
+    recipe: one sampled answer, 1500 steps) and t2s6k (sweep4's: two sampled answers, 6000 steps, no settings of its
+    own). Summarised together, t2s6k is shown with the two settings it ran with and is not a point of the steps curve
+    (it was, as a 6000-step arm of the base recipe, before the recipes were read)."""
+    res = ROOT / "benchmarks" / "results"
+    files = [res / "h100-2026-12-07-sweep2" / f"arm-{a}.json" for a in ("base", "steps3k")]
+    files += [res / "h100-2026-12-07-sweep3" / f"arm-{a}.json" for a in ("steps6k", "steps9k")]
+    files += [res / "h200-2026-12-07-sweep4" / "arm-t2s6k.json"]
+    result = _sweep().resummarise(tmp_path / "levers.json", [str(f) for f in files])
+    settings = {r["arm"]: r["settings"] for r in result["arms"]}
+    assert settings == {
+        "base": {},
+        "steps3k": {"train_steps": 3000},
+        "steps6k": {"train_steps": 6000},
+        "steps9k": {"train_steps": 9000},
+        "t2s6k": {"extra_samples": 2, "train_steps": 6000},
+    }
+    bench = next(c for c in result["steps curve"] if c["split"] == "bench")
+    assert [s for s, _ in bench["points"]] == [1500, 3000, 6000, 9000]
+    assert [round(t, 4) for s, t in bench["points"] if s == 6000] == [2.8508]  # steps6k's, not t2s6k's 2.8649
+    assert '| t2s6k | {"extra_samples": 2, "train_steps": 6000} |' in _sweep().table(result)
 
 
 def test_an_arm_whose_states_would_not_fit_on_the_disk_is_not_started_and_said(tmp_path, monkeypatch):
@@ -338,6 +376,7 @@ def test_the_arm_chosen_on_eval_is_served_by_vllm_and_the_table_gives_vllms_tau_
         layout.stage("05").mkdir(parents=True)
         tau = {"value": 2.4, "lo": 2.2, "hi": 2.6}
         pairs = [{"a": "eagle3 (draftlab loop)", "b": "eagle3 (vLLM)", "difference": 0.01, "lo": -0.02, "hi": 0.03}]
+        pairs[0] |= {"value_a": 2.41, "value_b": 2.4}
         served = {"available": True, "intervals": {"eagle3": {"tau": {"pooled": tau}, "n_prompts": 32}}}
         (layout.stage("05") / "metrics.json").write_text(json.dumps({"served": {**served, "loop_vs_vllm": pairs}}))
 
@@ -357,6 +396,10 @@ def test_the_arm_chosen_on_eval_is_served_by_vllm_and_the_table_gives_vllms_tau_
     assert lines["| vocab (chosen on eval)"].endswith("| 2.400 [2.200, 2.600] |")
     assert lines["| base"].endswith("| - | - |")  # no paired difference, no vLLM figure
     assert "vocab served by vLLM (32 bench prompts, one in flight): loop minus vLLM +0.010 [-0.020, +0.030]" in text
+    assert "paired; 05's loop 2.410." in text
+    # a draft trained again for serving (its arm read back from an earlier lease) is said to be
+    again = sweep.table({"chosen on eval": "vocab", "arms": rows, "served": {**got, "draft": "trained again"}})
+    assert "paired; 05's loop 2.410 (trained again)." in again
 
     # vLLM not serving it is said, not taken for a figure
     layout.stage("05").joinpath("metrics.json").write_text(json.dumps({"served": {"available": False, "reason": "x"}}))
