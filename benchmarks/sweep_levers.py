@@ -235,13 +235,14 @@ def read_back(earlier: list[str] | None, folder: Path, names: list[str], recipe:
     earlier sweeps ran the same recipe and prompts (the base of 2026-12-07 gave the same tau and accuracies to the last
     digit in two leases): an arm whose file names another `recipe` than this sweep's is not read back, and said. The
     names read back."""
-    got = {}  # arm: the folder it came from
+    got, ours = {}, parse_sets(recipe)  # arm: the folder it came from
     for name in names:
         dest = folder / f"arm-{name}.json"
-        src = next((s for d in earlier or [] if measured(s := Path(d) / f"arm-{name}.json")), None)
-        if src and (theirs := recipe_of(src)) is not None and theirs != parse_sets(recipe):
-            print(f"not read back: {src} was measured under the recipe {theirs}, this sweep's is {parse_sets(recipe)}")
-        elif src and not dest.exists():
+        found = [s for d in earlier or [] if measured(s := Path(d) / f"arm-{name}.json")]
+        src = next((s for s in found if recipe_of(s) in (None, ours)), None)
+        for other in found[: found.index(src) if src else None]:
+            print(f"not read back: {other} was measured under the recipe {recipe_of(other)}, this sweep's is {ours}")
+        if src and not dest.exists():
             shutil.copyfile(src, dest)
             got[name] = src.parent
     if got:

@@ -179,6 +179,11 @@ def test_arms_an_earlier_sweep_measured_are_read_back_not_trained_and_one_measur
         "t2s6k"
     ]
     assert sweep.read_back([str(lease2)], tmp_path / "new", ["steps9k"], ["extra_samples=2"]) == []
+    # the first folder holding the arm under this sweep's recipe gives it, past one that measured it under another
+    assert sweep.read_back([str(lease2), str(earlier)], tmp_path / "new", ["steps9k"], ["extra_samples=2"]) == []
+    (earlier / "arm-steps9k.json").write_text(json.dumps({**measured, "arm": "steps9k (lease1)", "recipe": []}))
+    assert sweep.read_back([str(lease2), str(earlier)], tmp_path / "new", ["steps9k"], []) == ["steps9k"]
+    assert json.loads((tmp_path / "new" / "arm-steps9k.json").read_text())["arm"] == "steps9k (lease1)"
 
 
 def test_arms_of_leases_with_different_recipes_are_tabled_by_what_each_ran_with_and_the_steps_curve_keeps_like(
