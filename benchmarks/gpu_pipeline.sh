@@ -54,7 +54,8 @@
 # `stage` with [".answers"] carried unpacks them for 01 to resume.
 # `ckpt-back` (no carry, again while it says "more parts") brings each trained draft's final/ back in parts (RUNS="gpu-x
 # ...": those runs' only, e.g. a sweep's winner); `stage` carries them to a later lease (four parts a call) and
-# TRAINED=1 `served` serves them.
+# TRAINED=1 `served` serves them. DRAFT_RUN=gpu-<arm> brings that run's EAGLE-3 back slim with its prompts instead,
+# as draft.tar.xz parts: `keep` makes .draft/ of them, for `speedup` without TRAIN in a later lease.
 # After each call, here: `bash benchmarks/gpu_pipeline.sh keep FILES_AT` (the reply's folder) puts the answers in
 # .answers/, the drafts' parts in .ckpt/ and speedup's draft, once whole, in .draft/ (all git-ignored; a later
 # session's checkout kept them on 2026-12-06, so the leases of a recipe may fall in different sessions).
@@ -223,6 +224,20 @@ draft_dir() {  # $1 dataset, $2 run, $3 kind: that kind's run folder (`RunLayout
   ${PY:-python3} -c "import sys; from draftlab.layout import RunLayout as L; a = sys.argv; print(L(a[1], a[2]).draft(a[3]))" "$@"
 }
 
+draft_parts() {  # $1 dataset, $2 run, $3 folder, $4 parts folder: the run's KINDS (eagle3) slim, beside the dataset's
+  # prompt set, in $3 and as $4/draft.tar.xz.part-* (`ckpt-back` sends them; `keep` makes .draft/ of them here)
+  local k f py="${PY:-python3}"
+  rm -rf "$3" "$4" && mkdir -p "$3" "$4" && echo "$1" > "$3/dataset"
+  for k in ${KINDS//,/ }; do
+    f="$(draft_dir "$1" "$2" "$k")/final"
+    [ -f "$f/model.safetensors" ] || { echo "no trained $k at $f; trained here: $($py -m draftlab.layout "$1" final/model.safetensors | xargs)" >&2; return 1; }
+    $py benchmarks/bench_speedup.py slim "$f" "$3/$k" || return 1
+  done
+  cp "$($py -c "import sys; from draftlab.layout import RunLayout; print(RunLayout(sys.argv[1], '').prompts)" "$1")" "$3/"
+  tar cf - -C "$3" --transform 's,^\.,.draft,' . | xz -T0 -1 | split -b 15000000 - "$4/draft.tar.xz.part-"
+  touch "$4/.packed"
+}
+
 unpack_ckpts() {  # $1 dataset: the parts `stage` gathered, each draft's final/ into its run folder
   local f name d
   for f in /tmp/ckpt/ckpt-*.tar.xz.part-aa; do
@@ -293,7 +308,12 @@ ckpt-back)
   # every trained draft's final/ of the profile's dataset (RUNS="gpu-steps6k ...": those runs' only, e.g. a sweep's
   # winner among its arms), back as $OUT/ckpt-<run>_<kind>.tar.xz.part-aa, ... (15 MB parts, four a call); exit 3
   # while parts remain (call again). Keep them here in .ckpt/.
+  # DRAFT_RUN=gpu-steps6k: that run's drafts (KINDS) slim with the prompt set instead, as speedup's TRAIN=1 packs
+  # its own: `keep` makes .draft/ of them, for a later lease's `speedup` without TRAIN.
   out="${OUT:-/tmp/out}"; co="${CKPT_OUT:-/tmp/ckpt-out}"; mkdir -p "$out" "$co"; ready
+  if [ -n "${DRAFT_RUN:-}" ] && [ ! -f "$co/.packed" ]; then
+    KINDS="${KINDS:-eagle3}" draft_parts "smollm2-${PROFILE:-gpu}" "$DRAFT_RUN" "${DRAFT:-/tmp/draft}" "$co" || exit 1
+  fi
   if [ ! -f "$co/.packed" ]; then
     for w in $(${PY:-python3} -m draftlab.layout "smollm2-${PROFILE:-gpu}" final/model.safetensors); do
       k=$(dirname "$(dirname "$w")"); run=$(basename "$(dirname "$k")")
@@ -363,11 +383,7 @@ device=sys.argv[3])" "${LIKE:-8b}" "${DTYPE:-bfloat16}" "${DEVICE:-cuda}" > /tmp
       || { tail -c 3000 /tmp/speedup-0104.log; exit 1; }
     wait "$ex" || echo "the stand-in is written by the benchmark instead: $(tail -n 3 /tmp/speedup-expand.log)"
     ds=$($py -c "import sys; from draftlab.config import load_profile; print(load_profile(sys.argv[1])['dataset_name'])" "$p")
-    rm -rf "$d" /tmp/ckpt-out && mkdir -p "$d" /tmp/ckpt-out && echo "$ds" > "$d/dataset"
-    for k in ${KINDS//,/ }; do $py benchmarks/bench_speedup.py slim "$(draft_dir "$ds" "$p" "$k")/final" "$d/$k"; done
-    cp "$($py -c "import sys; from draftlab.layout import RunLayout; print(RunLayout(sys.argv[1], '').prompts)" "$ds")" "$d/"
-    tar cf - -C "$d" --transform 's,^\.,.draft,' . | xz -T0 -1 | split -b 15000000 - /tmp/ckpt-out/draft.tar.xz.part-
-    touch /tmp/ckpt-out/.packed
+    draft_parts "$ds" "$p" "$d" /tmp/ckpt-out
   fi
   ds=$(cat "$d/dataset"); rm -rf /tmp/speedup; mkdir -p /tmp/speedup "data/runs/$ds"
   cp -n "$d/prompts.jsonl" "data/runs/$ds/" || true

@@ -275,3 +275,55 @@ def test_ckpt_back_brings_back_the_runs_named_in_RUNS_and_every_run_without_it(t
     part = tmp_path / "one" / "ckpt-gpu-steps6k_eagle3.tar.xz.part-aa"
     listed = subprocess.run(["tar", "tJf", str(part)], capture_output=True, text=True, check=True).stdout.split()
     assert listed == ["final/", "final/model.safetensors"]
+
+
+def test_ckpt_back_with_DRAFT_RUN_brings_that_draft_back_slim_with_its_prompts_and_keep_makes_draft_of_it(tmp_path):
+    """A sweep's served winner, for a later lease's `speedup` without TRAIN: its EAGLE-3 without the verifier's
+    embeddings, in bf16, beside the dataset's prompt set, as the draft.tar.xz parts `keep` turns into .draft/."""
+    import sys
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from draftlab.layout import RunLayout
+
+    work = tmp_path / "work"
+    (work / "benchmarks").mkdir(parents=True)
+    for name in ("gpu_pipeline.sh", "bench_speedup.py", "keep_answers.py"):
+        (work / "benchmarks" / name).write_text((ROOT / "benchmarks" / name).read_text())
+    (work / "lib").symlink_to(ROOT / "lib")
+    run = RunLayout("smollm2-gpu", "gpu-steps6k", work)
+    run.final("eagle3").mkdir(parents=True)
+    weights = {"embed_tokens.weight": torch.ones(8, 4), "fc.weight": torch.full((4, 12), 0.5)}
+    save_file(weights, str(run.final("eagle3") / "model.safetensors"))
+    (run.final("eagle3") / "config.json").write_text('{"speculators_model_type": "eagle3"}')
+    run.prompts.parent.mkdir(parents=True, exist_ok=True)
+    run.prompts.write_text('{"id": "a", "split": "bench"}\n')
+    env = {**os.environ, "WORK": str(work), "SKIP_INSTALL": "1", "PY": sys.executable, "DRAFTLAB_HOME": str(work)}
+    env |= {"OUT": str(tmp_path / "back"), "CKPT_OUT": str(tmp_path / "parts"), "DRAFT": str(tmp_path / "draft")}
+    called = subprocess.run(
+        ["bash", "benchmarks/gpu_pipeline.sh", "ckpt-back"],
+        cwd=work,
+        env={**env, "DRAFT_RUN": "gpu-steps6k"},
+        capture_output=True,
+        text=True,
+    )
+    assert called.returncode == 0 and "every part sent" in called.stdout, called.stderr
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["draft.tar.xz.part-aa"]  # no ckpt-* beside it
+    kept = subprocess.run(
+        ["bash", "benchmarks/gpu_pipeline.sh", "keep", str(tmp_path / "back")], cwd=work, capture_output=True, text=True
+    )
+    assert kept.returncode == 0 and "kept .draft/ (dataset eagle3 prompts.jsonl)" in kept.stdout, kept.stderr
+    slim = load_file(str(work / ".draft" / "eagle3" / "model.safetensors"))
+    assert list(slim) == ["fc.weight"] and slim["fc.weight"].dtype == torch.bfloat16
+    assert (work / ".draft" / "dataset").read_text().strip() == "smollm2-gpu"
+    assert (work / ".draft" / "prompts.jsonl").read_text() == run.prompts.read_text()
+    missing = subprocess.run(
+        ["bash", "benchmarks/gpu_pipeline.sh", "ckpt-back"],
+        cwd=work,
+        env={**env, "DRAFT_RUN": "gpu-nothing", "CKPT_OUT": str(tmp_path / "parts2")},
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 1 and "every part sent" not in missing.stdout  # no such draft: said, not sent empty
+    assert "no trained eagle3 at " in missing.stderr and "gpu-steps6k/eagle3/final/model.safetensors" in missing.stderr
