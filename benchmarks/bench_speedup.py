@@ -500,13 +500,30 @@ def predict_k(result: dict, draft: Path, pool: list[dict] = (), kind: str = "eag
     gens = [SimpleNamespace(prompt_ids=o["prompt_token_ids"], tokens=o["token_ids"]) for o in outs]
     with torch.no_grad():
         taus = tau_by_k(d, gens, K_RANGE, result["args"]["max_tokens"])
+    return predict_taus(result, taus, pool, kind)
+
+
+def taus_from_shares(shares: list[float]) -> dict[int, float]:
+    """tau at each k up to the measured one, from a chain's share of passes accepting at least i tokens (an arm's
+    `bench tau` `p`): tau(k) = 1 + the first k shares. An approximation: a draft's i-th guess does not depend on the
+    k drafted, but at a smaller k the passes start at other places of the text."""
+    return {k: 1 + sum(shares[:k]) for k in range(1, len(shares) + 1)}
+
+
+def predict_taus(
+    result: dict, taus: dict[int, float], pool: list[dict] = (), kind: str = "eagle3", spec_from: list[dict] = ()
+) -> list[dict]:
+    """`taus` (k: tau) put through the cost model of each verifier the run measured (its GEMMs, its plain token, the
+    engine line fitted on the original's runs, a speculative step's fixed cost from `spec_from` or the run), beside
+    each measured k: the speed-up of a draft not served on that host yet (`predict-k` replays one at hand;
+    `predict-arm` takes a sweep arm's shares, its draft left on a lease's machine)."""
     engine = host_line([result, *pool], "original", kind)
     rows = []
     for var, c in result["costs"].items():
         if f"{var} alone" not in result["servers"] or kind not in c.get("draft_s", {}):
             continue
         model, plain = verifier_costs(
-            result, var, kind, engine, spec_fixed([result, *pool], var) if var != "original" else 0
+            result, var, kind, engine, spec_fixed([result, *pool, *spec_from], var) if var != "original" else 0
         )
         for r in costs.predict({k: t for k, t in taus.items() if k + 1 in model.verify_s}, model):
             name = f"{var} {kind} k{r['k']}"
@@ -578,11 +595,19 @@ if __name__ == "__main__":
         print("| " + " | ".join(keys) + " |\n|" + " --- |" * len(keys))
         for r in rows:
             print("| " + " | ".join(f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
-    elif len(sys.argv) > 1 and sys.argv[1] == "predict-k":  # predict-k RESULT.json DRAFT_DIR [MORE.json]
-        res, pool = json.loads(Path(sys.argv[2]).read_text()), [json.loads(Path(f).read_text()) for f in sys.argv[4:]]
+    elif len(sys.argv) > 1 and sys.argv[1] in ("predict-k", "predict-arm"):
+        # predict-k RESULT.json DRAFT_DIR [MORE.json]; predict-arm RESULT.json ARM.json [MORE.json] [spec=R.json]
+        res, more = json.loads(Path(sys.argv[2]).read_text()), sys.argv[4:]
+        pool = [json.loads(Path(f).read_text()) for f in more if not f.startswith("spec=")]
+        spec_from = [json.loads(Path(f[5:]).read_text()) for f in more if f.startswith("spec=")]
+        if sys.argv[1] == "predict-k":
+            rows = predict_k(res, Path(sys.argv[3]), pool)
+        else:
+            shares = json.loads(Path(sys.argv[3]).read_text())["bench tau"]["p"]
+            rows = predict_taus(res, taus_from_shares(shares), pool, spec_from=spec_from)
         print("| verifier | k | loop tau | step ms | predicted | break-even tau | bound by | vLLM tau | measured |")
         print("|" + " --- |" * 9)
-        for r in predict_k(res, Path(sys.argv[3]), pool):
+        for r in rows:
             m = "-" if r["measured"] is None else f"{r['measured']:.3f}"
             t = "-" if r["vLLM tau"] is None else f"{r['vLLM tau']:.3f}"
             print(

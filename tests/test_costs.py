@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,37 @@ def test_a_draft_never_accepted_does_the_same_work_and_proposes_the_next_token_i
         },
     }
     assert bench.spec_fixed([run], "8b") == pytest.approx(0.0005)
+
+
+def test_a_sweep_arm_whose_draft_is_not_at_hand_is_put_through_a_hosts_cost_model_by_its_position_shares():
+    """`bench_speedup predict-arm`: tau at each k from an arm's bench shares (passes accepting at least i tokens),
+    through the cost model of a recorded `speedup` run. On the host that served the one-lease recipe's draft at k 3
+    and 4 (2026-12-05; a step's fixed cost from the first lease's random draft), the base arm of that recipe predicts
+    5% under the measured speed-ups; the 6000-step arm,
+    whose shares are higher at every position, predicts more at every k."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "benchmarks" / "bench_speedup.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.taus_from_shares([0.6, 0.4, 0.2]) == pytest.approx({1: 1.6, 2: 2.0, 3: 2.2})
+    res = ROOT / "benchmarks" / "results"
+    run = json.loads((res / "h100-2026-12-05-ksweep" / "speedup-8b.json").read_text())
+    fixed = [json.loads((res / "h100-2026-12-05" / "speedup-8b.json").read_text())]  # its random draft at tau 1
+
+    def predicted(arm: str) -> dict:
+        shares = json.loads((res / arm).read_text())["bench tau"]["p"]
+        return {
+            (r["verifier"], r["k"]): r for r in bench.predict_taus(run, bench.taus_from_shares(shares), spec_from=fixed)
+        }
+
+    base, steps6k = (
+        predicted("h100-2026-12-07-sweep2/arm-base.json"),
+        predicted("h100-2026-12-07-sweep3/arm-steps6k.json"),
+    )
+    assert base[("8b", 5)]["tau"] == pytest.approx(2.559, abs=1e-3) and base[("8b", 4)]["measured"] == pytest.approx(
+        1.854, abs=1e-3
+    )
+    for k in (3, 4):
+        assert base[("8b", k)]["predicted speed-up"] / base[("8b", k)]["measured"] - 1 == pytest.approx(-0.05, abs=0.01)
+    assert all(steps6k[key]["predicted speed-up"] > base[key]["predicted speed-up"] for key in base)
