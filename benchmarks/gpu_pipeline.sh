@@ -383,7 +383,7 @@ device=sys.argv[3])" "${LIKE:-8b}" "${DTYPE:-bfloat16}" "${DEVICE:-cuda}" > /tmp
       || { tail -c 3000 /tmp/speedup-0104.log; exit 1; }
     wait "$ex" || echo "the stand-in is written by the benchmark instead: $(tail -n 3 /tmp/speedup-expand.log)"
     ds=$($py -c "import sys; from draftlab.config import load_profile; print(load_profile(sys.argv[1])['dataset_name'])" "$p")
-    draft_parts "$ds" "$p" "$d" /tmp/ckpt-out
+    draft_parts "$ds" "$p" "$d" /tmp/ckpt-out || exit 1
   fi
   ds=$(cat "$d/dataset"); rm -rf /tmp/speedup; mkdir -p /tmp/speedup "data/runs/$ds"
   cp -n "$d/prompts.jsonl" "data/runs/$ds/" || true
