@@ -136,22 +136,31 @@ def free_train_states(layout: RunLayout, base: str, kind: str) -> int:
 
 def states_room(layout: RunLayout, base: RunLayout, sets: dict) -> str | None:
     """Why an arm with a dataset of its own is not started, or None where it may be: its 01 writes hidden states of
-    at least the base's size, times its answers per prompt over the base's (`extra_samples`), and on 2026-12-07 the
-    third such arm filled an H100's 64 GB mid-01: the sweep's job ended and nothing of that call came back. An arm
-    whose states would not fit with a tenth to spare is skipped and said; the arms after it go on."""
+    at least the base's eval split's size and, offline, the base's train split's times its answers per train prompt
+    over the base's (`extra_samples`; online, 01 keeps a few train rows only), and on 2026-12-07 the third such arm
+    filled an H100's 64 GB mid-01: the sweep's job ended and nothing of that call came back. An arm whose states
+    would not fit with a tenth to spare is skipped and said; the arms after it go on. (An arm of more prompts, e.g.
+    `sharegpt_turns`, writes more than this says.)"""
     if layout.dataset_name == base.dataset_name or (layout.split("train") / "hidden_states").is_dir():
         return None  # the shared dataset, or an arm whose 01 already wrote states (it resumes them)
-    size = sum(f.stat().st_size for d in base.data.glob("*/hidden_states") for f in d.rglob("*") if f.is_file())
+    size = {
+        split: sum(f.stat().st_size for f in (base.split(split) / "hidden_states").rglob("*") if f.is_file())
+        for split in ("train", "eval")
+    }
     saved = json.loads(base.resolved_config("01").read_text()) if base.resolved_config("01").is_file() else {}
-    extra = int(saved.get("config", {}).get("extra_samples", 0))  # the base's, as its 01 ran
-    share = (1 + int(sets.get("extra_samples", extra))) / (1 + extra)
+    ran = saved.get("config", {})  # the base's, as its 01 ran
+    extra = int(ran.get("extra_samples", 0))
+    online = sets.get("hidden_states", ran.get("hidden_states")) == "online"
+    share = 0.0 if online else (1 + int(sets.get("extra_samples", extra))) / (1 + extra)
+    need = share * size["train"] + size["eval"]
     free = shutil.disk_usage(base.data if base.data.is_dir() else base.root).free
-    if free >= 1.1 * share * size:
+    if free >= 1.1 * need:
         return None
     return (
-        f"{layout.dataset_name}: not started: its 01 would write about {share * size / 1e9:.3g} GB of hidden states "
-        f"(the base's {size / 1e9:.3g} GB x {share:.3g}) and {free / 1e9:.3g} GB are free. Free the disk (an earlier "
-        "arm's data/runs/<dataset>-<arm>/) or run this arm in a sweep of its own."
+        f"{layout.dataset_name}: not started: its 01 would write about {need / 1e9:.3g} GB of hidden states "
+        f"(the base's train {size['train'] / 1e9:.3g} GB x {share:.3g} and eval {size['eval'] / 1e9:.3g} GB) and "
+        f"{free / 1e9:.3g} GB are free. Free the disk (an earlier arm's data/runs/<dataset>-<arm>/) or run this arm in "
+        "a sweep of its own."
     )
 
 

@@ -225,12 +225,18 @@ def test_an_arm_whose_states_would_not_fit_on_the_disk_is_not_started_and_said(t
     base.resolved_config("01").write_text(
         json.dumps({"stage": "01", "config": {"extra_samples": 1}})
     )  # as 01 writes it
-    free = {"bytes": 10_000}
+    free = {"bytes": 8000}
     monkeypatch.setattr(sweep.shutil, "disk_usage", lambda path: SimpleNamespace(free=free["bytes"]))
-    assert sweep.states_room(text4x, base, {"extra_samples": 3}) is None  # 4000 x 4/2 = 8000, with 800 to spare
-    free["bytes"] = 8500
+    assert sweep.states_room(text4x, base, {"extra_samples": 3}) is None  # train 3000 x 4/2 + eval 1000 = 7000
+    free["bytes"] = 7500  # under 7000 with a tenth to spare
     why = sweep.states_room(text4x, base, {"extra_samples": 3})
-    assert why.startswith("d-text4x: not started: its 01 would write about 8e-06 GB") and "8.5e-06 GB are free" in why
+    assert why.startswith("d-text4x: not started: its 01 would write about 7e-06 GB") and "7.5e-06 GB are free" in why
+    assert "(the base's train 3e-06 GB x 2 and eval 1e-06 GB)" in why  # the sampled answers are train's only
+    # online, 01 keeps a few train rows' states: the eval split's is what it writes
+    assert sweep.states_room(text4x, base, {"extra_samples": 3, "hidden_states": "online"}) is None
+    free["bytes"] = 1000
+    assert "about 1e-06 GB" in sweep.states_room(text4x, base, {"extra_samples": 3, "hidden_states": "online"})
+    free["bytes"] = 7500
     assert sweep.states_room(RunLayout("d", "p-ttt5", tmp_path), base, {"ttt_steps": 5}) is None  # shared dataset
     (text4x.split("train") / "hidden_states").mkdir(parents=True)
     assert sweep.states_room(text4x, base, {"extra_samples": 3}) is None  # its 01 wrote states: it resumes them
