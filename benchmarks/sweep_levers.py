@@ -12,14 +12,16 @@ base dataset's prompt set, so every arm meets the same prompts; tau is pooled wi
 and each arm's difference from the first arm (the base) on the same prompts with a paired interval (a prompt's
 difficulty cancels, so a lever is told apart where two overlapping intervals would not). An arm already trained and
 measured is read back, so the sweep resumes where it stopped; `--from DIR` (once or more) reads back the arms earlier
-sweeps measured (a lease's files brought back), so a lease trains new arms only. The table: arm, training seconds and,
+sweeps measured under the same recipe (a lease's files brought back; each arm file keeps its recipe), so a lease
+trains new arms only. The table: arm, training seconds and,
 for an arm with a dataset of its own, notebook 01's (what the lever cost), the draft vocabulary's eval coverage, the
 train split's supervised tokens, held-out accuracy per drafted position, eval tau, bench tau and bench tau minus the
 base's; the winner is the arm of highest eval tau. `levers.png` draws the bench differences, `levers_cost.png` bench tau
 against those seconds, the steps and the train text; where three step counts or more of the base recipe were measured, a
 line says where tau against steps levels off (`arms.steps_curve`) and whether it reaches `TARGET_TAU`. `--serve` then
 serves the arm chosen on eval in vLLM (its notebook 05 on the same number of bench prompts, one in flight): the table's
-last column is vLLM's own bench tau for it, and a line gives the loop's minus vLLM's, paired. The paired interval holds
+last column is vLLM's own bench tau for it, and a line gives the loop's minus vLLM's, paired (an arm read back is
+trained again for it, and the line gives that draft's own loop figure). The paired interval holds
 the prompts' draw, not the run's: an arm that sets only `seed` (`--arm seed1:seed=1`: 01 and 04 drawn again) or only
 `train_seed` (`--arm draw1:train_seed=1`: 04 alone, on the base's data) is the base drawn again, and the table says how
 far such draws moved and which levers went beyond (on this CPU a draw moved bench tau +0.058, as far as any lever:
