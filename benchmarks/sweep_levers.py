@@ -223,15 +223,14 @@ def measured(path: Path) -> dict:
     return row if "steps" in row.get("bench tau", {}) else {}
 
 
-def recipe_of(path: Path) -> dict | None:
-    """The recipe (the sweep's `--set`s every arm shared) an arm file was measured under: kept in the file since
-    2026-12-07, else its folder's levers.json's arguments; None where neither says (sweeps before arguments were
-    kept)."""
-    row = json.loads(path.read_text())
-    if "recipe" not in row:
-        sweep = path.with_name("levers.json")
-        row["recipe"] = json.loads(sweep.read_text()).get("args", {}).get("base") if sweep.is_file() else None
-    return None if row["recipe"] is None else parse_sets(row["recipe"])
+def recipe_of(row: dict, folder: Path) -> dict | None:
+    """The recipe (the sweep's `--set`s every arm shared) an arm's row was measured under: kept in its file since
+    2026-12-07, else the arguments in its folder's levers.json; None where neither says (sweeps before arguments
+    were kept)."""
+    recipe = row.get("recipe")
+    if recipe is None and (sweep := folder / "levers.json").is_file():
+        recipe = json.loads(sweep.read_text()).get("args", {}).get("base")
+    return None if recipe is None else parse_sets(recipe)
 
 
 def parse_sets(pairs: list[str]) -> dict:
@@ -249,10 +248,15 @@ def read_back(earlier: list[str] | None, folder: Path, names: list[str], recipe:
     got, ours = {}, parse_sets(recipe)  # arm: the folder it came from
     for name in names:
         dest = folder / f"arm-{name}.json"
-        found = [s for d in earlier or [] if measured(s := Path(d) / f"arm-{name}.json")]
-        src = next((s for s in found if recipe_of(s) in (None, ours)), None)
-        for other in found[: found.index(src) if src else None]:
-            print(f"not read back: {other} was measured under the recipe {recipe_of(other)}, this sweep's is {ours}")
+        found = {
+            s: recipe_of(row, s.parent) for d in earlier or [] if (row := measured(s := Path(d) / f"arm-{name}.json"))
+        }
+        src = None
+        for path, theirs in found.items():  # the first of this sweep's recipe (or of none kept); those before, said
+            if theirs in (None, ours):
+                src = path
+                break
+            print(f"not read back: {path} was measured under the recipe {theirs}, this sweep's is {ours}")
         if src and not dest.exists():
             shutil.copyfile(src, dest)
             got[name] = src.parent
@@ -405,7 +409,8 @@ def resummarise(out: Path, files: list[str]) -> dict:
     run, the served figure) is kept, the arm files named under `summarised from`; an arm served but no longer among
     them has its served figure dropped, since the table would pin it on nothing."""
     before = json.loads(out.read_text()) if out.exists() else {}
-    rows = against_recipe([json.loads(Path(f).read_text()) for f in files], [recipe_of(Path(f)) for f in files])
+    rows = [json.loads(Path(f).read_text()) for f in files]
+    rows = against_recipe(rows, [recipe_of(r, Path(f).parent) for r, f in zip(rows, files, strict=True)])
     kept = {k: before[k] for k in ("vocabulary coverage", "not run", "served") if k in before}
     if kept.get("served", {}).get("arm") not in {r["arm"] for r in rows}:
         kept.pop("served", None)

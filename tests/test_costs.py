@@ -112,13 +112,8 @@ def test_a_family_the_served_section_could_not_serve_is_reported_not_served_agai
 
 
 def test_the_engine_line_is_fitted_over_every_run_given():
-    """`bench_speedup.host_line`: c0 + k c1 + c2 (tau - 1) recovered from SmolLM2's served steps, pooled over two
+    """`speedup.host_line`: c0 + k c1 + c2 (tau - 1) recovered from SmolLM2's served steps, pooled over two
     runs (a weak and a strong draft), and c2 left at 0 where every step accepted about the same."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "benchmarks" / "bench_speedup.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
 
     def run(taus: dict[int, float]) -> dict:
         step = {k: 0.005 + 0.0002 * k + 0.0016 * (t - 1) for k, t in taus.items()}
@@ -126,23 +121,18 @@ def test_the_engine_line_is_fitted_over_every_run_given():
         return {"servers": {f"original eagle3 k{k}": level(k) for k in taus} | {"original alone": {}}}
 
     weak, strong = run({1: 1.19, 3: 1.21, 5: 1.22}), run({5: 2.6})
-    (c0, c1), c2 = bench.host_line([weak, strong], "original", "eagle3")
+    (c0, c1), c2 = speedup.host_line([weak, strong], "original", "eagle3")
     assert (c0, c1, c2) == pytest.approx((0.005, 0.0002, 0.0016), rel=1e-6)
-    (c0, c1), c2 = bench.host_line([weak], "original", "eagle3")
+    (c0, c1), c2 = speedup.host_line([weak], "original", "eagle3")
     assert c2 == 0.0 and c1 == pytest.approx(0.0002, rel=0.2)
-    (c0, c1), c2 = bench.host_line([run({1: 1.6, 3: 2.3, 4: 2.5})], "original", "eagle3")  # tau rising with k alone
+    (c0, c1), c2 = speedup.host_line([run({1: 1.6, 3: 2.3, 4: 2.5})], "original", "eagle3")  # tau rising with k alone
     assert c2 == 0.0
 
 
 def test_a_speculative_steps_fixed_device_cost_is_read_from_a_random_draft_served_at_tau_1():
-    """`bench_speedup.spec_fixed`: the step of a random draft at k 5 (tau 1) on a stand-in, less its model
+    """`speedup.spec_fixed`: the step of a random draft at k 5 (tau 1) on a stand-in, less its model
     V(6) + E + 5 D, is the fixed device cost of a speculative step (`Costs.spec_s`), added to every k's device step
     and named by `bound` where it is the largest term; 0 where no run served such a draft."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "benchmarks" / "bench_speedup.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     v, d, plain, fixed = {m: 0.006 for m in range(1, 9)}, 0.0003, 0.0064, 0.001
     random_step = v[6] + (plain - v[1]) + 5 * d + fixed
     level = lambda sec: {"levels": {"1": {"tokens_per_s": [1 / sec], "metrics": {"tau": 1.0}}}}  # noqa: E731
@@ -150,8 +140,8 @@ def test_a_speculative_steps_fixed_device_cost_is_read_from_a_random_draft_serve
         "costs": {"8b": {"verify_s": {str(m): t for m, t in v.items()}, "draft_s": {"eagle3": d}}},
         "servers": {"8b alone": level(plain), "8b (random weights) random eagle3 k5": level(random_step)},
     }
-    assert bench.spec_fixed([run], "8b") == pytest.approx(fixed)
-    assert bench.spec_fixed([{"costs": run["costs"], "servers": {"8b alone": level(plain)}}], "8b") == 0.0
+    assert speedup.spec_fixed([run], "8b") == pytest.approx(fixed)
+    assert speedup.spec_fixed([{"costs": run["costs"], "servers": {"8b alone": level(plain)}}], "8b") == 0.0
     c = costs.Costs(v, d, plain - v[1], spec_s=fixed)
     assert c.gpu_step_s(1) == pytest.approx(v[2] + 0.0004 + d + fixed)
     assert costs.bound(c, 1) == "the speculative step's fixed cost" and costs.bound(c, 5) == "drafting"
@@ -161,16 +151,11 @@ def test_a_draft_never_accepted_does_the_same_work_and_proposes_the_next_token_i
     """`drafts.expand.never_accepted`: the draft's d2t moved by one token id (mod the verifier's vocabulary), every
     other tensor and file the same, so a step served with it is the trained draft's work at tau 1; `spec_fixed`
     reads that server before the reference check's random-weight one."""
-    import importlib.util
-
     import torch
     from safetensors.torch import load_file, save_file
 
     from draftlab.drafts.expand import never_accepted
 
-    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "benchmarks" / "bench_speedup.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     src = tmp_path / "draft"
     src.mkdir()
     targets = torch.tensor([0, 5, 9, 11])  # draft id i proposes target id targets[i]; the verifier has 12 tokens
@@ -196,21 +181,16 @@ def test_a_draft_never_accepted_does_the_same_work_and_proposes_the_next_token_i
             "8b eagle3 k5 never accepted": level(base + 0.0005),
         },
     }
-    assert bench.spec_fixed([run], "8b") == pytest.approx(0.0005)
+    assert speedup.spec_fixed([run], "8b") == pytest.approx(0.0005)
 
 
 def test_a_sweep_arm_whose_draft_is_not_at_hand_is_put_through_a_hosts_cost_model_by_its_position_shares():
     """`bench_speedup predict-arm`: tau at each k from an arm's bench shares (passes accepting at least i tokens),
     through the cost model of a recorded `speedup` run. On the host that served the one-lease recipe's draft at k 3
     and 4 (2026-12-05; a step's fixed cost from the first lease's random draft), the base arm of that recipe predicts
-    5% under the measured speed-ups; the 6000-step arm,
-    whose shares are higher at every position, predicts more at every k."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_speedup", ROOT / "benchmarks" / "bench_speedup.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    assert bench.taus_from_shares([0.6, 0.4, 0.2]) == pytest.approx({1: 1.6, 2: 2.0, 3: 2.2})
+    5% under the measured speed-ups; the 6000-step arm, whose shares are higher at every position, predicts more at
+    every k."""
+    assert speedup.taus_from_shares([0.6, 0.4, 0.2]) == pytest.approx({1: 1.6, 2: 2.0, 3: 2.2})
     res = ROOT / "benchmarks" / "results"
     run = json.loads((res / "h100-2026-12-05-ksweep" / "speedup-8b.json").read_text())
     fixed = [json.loads((res / "h100-2026-12-05" / "speedup-8b.json").read_text())]  # its random draft at tau 1
@@ -218,7 +198,8 @@ def test_a_sweep_arm_whose_draft_is_not_at_hand_is_put_through_a_hosts_cost_mode
     def predicted(arm: str) -> dict:
         shares = json.loads((res / arm).read_text())["bench tau"]["p"]
         return {
-            (r["verifier"], r["k"]): r for r in bench.predict_taus(run, bench.taus_from_shares(shares), spec_from=fixed)
+            (r["verifier"], r["k"]): r
+            for r in speedup.predict_taus(run, speedup.taus_from_shares(shares), spec_from=fixed)
         }
 
     base, steps6k = (

@@ -8,8 +8,11 @@ is repeated, and the interval is the spread of the ratios of its repeats.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
+from draftlab.acceptance import costs
 from draftlab.acceptance.bootstrap import percentile_interval, resample_weights
 
 
@@ -135,4 +138,92 @@ def against_model(measured: dict, model: dict) -> list[dict]:
                     "predicted / measured - 1": p / m["speed-up"] - 1,
                 }
             )
+    return rows
+
+
+# A `speedup` run's record (benchmarks/bench_speedup.py's result JSON) read into the cost model of each verifier it
+# served: the engine's host line, a speculative step's fixed cost, and predictions for a draft's tau by k.
+
+
+def one_in_flight(result: dict, name: str) -> tuple[float, float | None]:
+    """(seconds a token, vLLM's tau) of a server's one-in-flight workload."""
+    lv = result["servers"][name]["levels"]["1"]
+    return 1 / (sum(lv["tokens_per_s"]) / len(lv["tokens_per_s"])), (lv["metrics"] or {}).get("tau")
+
+
+def host_line(results: list[dict], variant: str, kind: str) -> tuple[tuple[float, float], float]:
+    """The engine's work per speculative step, c0 + k * c1 (host work, overlapped with the device's) plus c2 per
+    token accepted past the first (not overlapped), fitted by least squares to a verifier's measured steps (tau over
+    tokens/s, one in flight) at every k it was served at, over every result given: on a GPU a small verifier's step
+    is the engine's. c2 is fitted only where one k was served at taus 0.5 or more apart (two drafts, or two runs of
+    the same machine): along one draft's k sweep tau rises with k, and c1 and c2 cannot be told apart; else 0."""
+    import numpy as np
+
+    pts = []
+    for result in results:
+        for name in result["servers"]:
+            m = re.fullmatch(rf"{re.escape(variant)} {kind} k(\d+)", name)
+            if m and "error" not in result["servers"][name]:
+                sec, tau = one_in_flight(result, name)
+                pts.append((int(m.group(1)), tau, tau * sec))
+    k, tau, step = np.array(pts, dtype=float).T
+    several, apart = len(set(k)) > 1, any(np.ptp(tau[k == x]) >= 0.5 for x in set(k))
+    cols = [np.ones_like(k)] + ([k] if several else []) + ([tau - 1] if apart else [])
+    coef = np.linalg.lstsq(np.stack(cols, 1), step, rcond=None)[0]
+    return (float(coef[0]), float(coef[1]) if several else 0.0), float(coef[-1]) if apart else 0.0
+
+
+def verifier_costs(result: dict, var: str, kind: str, engine: tuple, spec: float = 0.0) -> tuple[costs.Costs, float]:
+    """A verifier's cost model as the run measured it (its GEMMs, the draft's, its plain token) with the engine line
+    `engine` ((c0, c1), c2: `host_line`) and a speculative step's fixed cost `spec` (`spec_fixed`), and its plain
+    token's seconds."""
+    c, plain = result["costs"][var], one_in_flight(result, f"{var} alone")[0]
+    ver = {int(x): t for x, t in c["verify_s"].items()}
+    return costs.Costs(ver, c["draft_s"][kind], plain - ver[1], *engine, spec_s=spec), plain
+
+
+def spec_fixed(results: list[dict], like: str) -> float:
+    """A speculative step's fixed device cost on a stand-in's shape, beyond V(6) + E + 5 D: a step served at k 5 with
+    a draft whose proposals are not accepted, less that run's own model of it; no trained draft's acceptance enters
+    it. The stand-in's own draft never accepted (`never_accepted`, the same work) where a result served it, else the
+    reference check's random-weight draft on the random-weight stand-in (`--reference`: its step at tau 1 measured
+    0.6 ms above the trained draft's at tau 1.2, so it overstates the cost); 0 where no result given served either."""
+    for name in (f"{like} eagle3 k5 never accepted", f"{like} (random weights) random eagle3 k5"):
+        for r in results:
+            drafted = "eagle3" in r["costs"].get(like, {}).get("draft_s", {})
+            if name in r["servers"] and "error" not in r["servers"][name] and drafted:
+                sec, tau = one_in_flight(r, name)
+                model = verifier_costs(r, like, "eagle3", ((0.0, 0.0), 0.0))[0]
+                return max((tau or 1.0) * sec - model.gpu_step_s(5), 0.0)
+    return 0.0
+
+
+def taus_from_shares(shares: list[float]) -> dict[int, float]:
+    """tau at each k up to the measured one, from a chain's share of passes accepting at least i tokens (an arm's
+    `bench tau` `p`): tau(k) = 1 + the first k shares. An approximation: a draft's i-th guess does not depend on the
+    k drafted, but at a smaller k the passes start at other places of the text."""
+    return {k: 1 + sum(shares[:k]) for k in range(1, len(shares) + 1)}
+
+
+def predict_taus(
+    result: dict, taus: dict[int, float], pool: list[dict] = (), kind: str = "eagle3", spec_from: list[dict] = ()
+) -> list[dict]:
+    """`taus` (k: tau) put through the cost model of each verifier the run measured (its GEMMs, its plain token, the
+    engine line fitted on the original's runs, a speculative step's fixed cost from `spec_from` or the run), beside
+    each measured k: the speed-up of a draft not served on that host yet (`predict-k` replays one at hand;
+    `predict-arm` takes a sweep arm's shares, its draft left on a lease's machine)."""
+    engine = host_line([result, *pool], "original", kind)
+    rows = []
+    for var, c in result["costs"].items():
+        if f"{var} alone" not in result["servers"] or kind not in c.get("draft_s", {}):
+            continue
+        model, plain = verifier_costs(
+            result, var, kind, engine, spec_fixed([result, *pool, *spec_from], var) if var != "original" else 0
+        )
+        for r in costs.predict({k: t for k, t in taus.items() if k + 1 in model.verify_s}, model):
+            name = f"{var} {kind} k{r['k']}"
+            sec, tau = (None, None)
+            if name in result["servers"] and "error" not in result["servers"][name]:
+                sec, tau = one_in_flight(result, name)
+            rows.append({"verifier": var, **r, "measured": plain / sec if sec else None, "vLLM tau": tau})
     return rows
