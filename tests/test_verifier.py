@@ -200,6 +200,27 @@ def test_the_fingerprint_sees_other_weights_of_the_same_shape_and_is_cached(tiny
     )
 
 
+def test_the_same_verifier_written_by_another_transformers_keeps_its_fingerprint_and_another_config_does_not(
+    tiny_dir, tmp_path
+):
+    """The embedded verifier converted on the lent GPU (transformers 5.17) and here (5.19) differs in config.json's
+    `transformers_version` alone: a draft trained there and brought back must load here, and a config that says
+    something else must still be another verifier."""
+    import shutil
+
+    from draftlab.data.verifier_dir import fingerprint
+
+    cache = tmp_path / "digests.json"
+    copies = {}
+    for name, change in {"writer": {"transformers_version": "4.0.0-elsewhere"}, "eps": {"rms_norm_eps": 1e-3}}.items():
+        copies[name] = shutil.copytree(tiny_dir, tmp_path / name)
+        config = json.loads((tiny_dir / "config.json").read_text())
+        changed = {**dict(reversed(list(config.items()))), **change}  # other key order and layout, too
+        (copies[name] / "config.json").write_text(json.dumps(changed, indent=4))
+    assert fingerprint(copies["writer"], cache) == fingerprint(tiny_dir, cache)
+    assert fingerprint(copies["eps"], cache) != fingerprint(tiny_dir, cache)
+
+
 def test_two_conversions_finishing_together_leave_one_whole_verifier_and_no_partials(tmp_path):
     """Two runs started together on a fresh machine both convert the GGUF: each writes its own folder,
     the first rename wins, the second copy is dropped without an error (it used to share one .partial)."""

@@ -82,11 +82,20 @@ def _weight_fault(f: Path) -> str | None:
     return "it is empty" if f.stat().st_size < 8 else None
 
 
+# config.json keys that say who wrote the file, not what the model is: the embedded verifier converted on the lent
+# GPU (transformers 5.17) and here (5.19) differs in `transformers_version` alone, and a draft trained there was
+# refused here as "another verifier" before
+WRITER_KEYS = ("transformers_version",)
+
+
 def fingerprint(path: Path, cache: Path | None = None) -> str:
-    """Identity of a verifier: its config and a digest of each weight file's contents, so a fine-tuned or
-    re-quantised copy with the same config and file sizes is another verifier. Digests are cached by
+    """Identity of a verifier: its config (what it says, less `WRITER_KEYS`, key order aside) and a digest of
+    each weight file's contents, so a fine-tuned or re-quantised copy with the same config and file sizes is
+    another verifier, and the same conversion made by another transformers is not. Digests are cached by
     path, size and mtime (`data/cache/weight-digests.json`): a file is read once, not at every load."""
-    h = hashlib.sha256((path / "config.json").read_bytes())
+    config = json.loads((path / "config.json").read_text())
+    said = {k: v for k, v in config.items() if k not in WRITER_KEYS} if isinstance(config, dict) else config
+    h = hashlib.sha256(json.dumps(said, sort_keys=True).encode())
     for g in WEIGHT_GLOBS:
         for f in sorted(path.glob(g)):
             h.update(f"{f.name}:{file_digest(f, cache)}".encode())
