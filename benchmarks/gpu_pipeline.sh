@@ -24,12 +24,13 @@
 # Jobs:
 #   served     the `gpu` profile's served figures: 01, EAGLE-3's 04 and 05 (run `gpu`), DFlash's 04 and 05 (run
 #              `gpu-dflash`) beside EAGLE-3's 05 (PAIR=1: beside its 04). SET05="--set k=v ..." goes to both 05s.
-#              From a fresh clone it takes three leases, each bringing back what the next carries:
-#              lease 1: 01 writes the profile's 37,337 answers (~1,600 s with the server's start) -> answers-*.tar.xz
-#                       parts (`keep` them); lease 2: carry [".answers"] `stage` after the parts,
-#                       then `served`: 01 resumes them (~140 s), 04 trains (EAGLE-3 3000 steps ~680 s), `ckpt-back`
-#                       brings the drafts back (`keep` them); lease 3: `stage` (four parts a call), then
-#                       TRAINED=1 `served`: 01 again (~140 s) and each 05 (~300 s) -> the served tau.
+#              From a fresh clone (the profile since 2026-12-07, estimated from the sweeps' times, not yet run whole):
+#              lease 1: 01 writes the 15,347 answers and their states (285-361 s), EAGLE-3's 04 (6000 steps, 466-676 s),
+#                       its 05 (~300 s) -> EAGLE-3's served tau, with DFlash's 04 beside that 05; then, where DFlash's
+#                       04 ended, RUNS=gpu-dflash `ckpt-back` (`keep` the answers and the parts);
+#              lease 2: `stage` carrying [".answers"] and .ckpt's parts (four a call), then TRAINED=1 `served`: 01's
+#                       states again (~100 s) and DFlash's 05 -> its served tau (no parts: ONLY=dflash `served`,
+#                       DFlash's 04 and 05 alone after 01).
 #   speedup    issue 48: SmolLM2 and its expansion to Llama-3.1-8B's shape (data.expand) served with a trained EAGLE-3
 #              (widened: drafts.expand) at KS (5,2,3,1,7), the reference shape with random weights for the cost check,
 #              the weight GEMMs timed for the cost model, the draft never accepted for a speculative step's fixed
@@ -356,6 +357,7 @@ served-job)
     $py -m draftlab run --profile "$p" --run-name "$p-dflash" --only 04,05 --set "draft_kinds=[dflash]" ${SET05:-} \
       > /tmp/served-dflash-0405.log 2>&1
   }
+  [ "${ONLY:-}" != dflash ] || { dflash_run || { tail -c 3000 /tmp/served-dflash-0405.log; exit 1; }; exit 0; }
   [ "${PAIR:-0}" = 1 ] && { export DRAFTLAB_KV_CAP_GIB="${KV_CAP_GIB:-16}"; dflash_run & dflash=$!; }
   $py -m draftlab run --profile "$p" --only 04 --set "draft_kinds=[eagle3]" > /tmp/served-eagle3-04.log 2>&1 \
     || { tail -c 3000 /tmp/served-eagle3-04.log; exit 1; }

@@ -327,3 +327,37 @@ def test_ckpt_back_with_DRAFT_RUN_brings_that_draft_back_slim_with_its_prompts_a
     )
     assert missing.returncode == 1 and "every part sent" not in missing.stdout  # no such draft: said, not sent empty
     assert "no trained eagle3 at " in missing.stderr and "gpu-steps6k/eagle3/final/model.safetensors" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    "only, ran",
+    [
+        ("", ["01", "04 gpu [eagle3]", "05 gpu [eagle3]", "04,05 gpu-dflash [dflash]"]),
+        ("dflash", ["01", "04,05 gpu-dflash [dflash]"]),
+    ],
+)
+def test_served_trains_and_serves_eagle3_then_dflash_and_with_ONLY_dflash_dflash_alone(tmp_path, only, ran):
+    """The `gpu` profile's newcomer path: lease 1 gives EAGLE-3's served tau with DFlash's 04 beside its 05; where
+    DFlash's 04 did not end in that lease, lease 2 runs DFlash's 04 and 05 alone (`ONLY=dflash`), not EAGLE-3's again.
+    The job's notebooks are stood in for by a `python` that writes down each `draftlab run` it is asked for."""
+    work = tmp_path / "work"
+    (work / "benchmarks").mkdir(parents=True)
+    (work / "benchmarks" / "gpu_pipeline.sh").write_text((ROOT / "benchmarks" / "gpu_pipeline.sh").read_text())
+    calls = tmp_path / "calls.txt"
+    py = tmp_path / "python"
+    py.write_text(
+        "#!/usr/bin/env bash\n"  # `-m draftlab run --profile P [--run-name R] --only S [--set draft_kinds=[K]] ...`
+        'a=" $* "; run=gpu; [[ $a == *" --run-name "* ]] && run=${a#* --run-name }; run=${run%% *}\n'
+        'only=${a#* --only }; kinds=${a#*draft_kinds=}; [[ $a == *draft_kinds=* ]] || kinds=""\n'
+        f'echo "${{only%% *}} $run ${{kinds%% *}}" | sed "s/ $//; s/^\\(01\\) .*/\\1/" >> {calls}\n'
+    )
+    py.chmod(0o755)
+    env = {**os.environ, "WORK": str(work), "SKIP_INSTALL": "1", "PY": str(py), "ONLY": only}
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_pipeline.sh", "served-job"], cwd=work, env=env, capture_output=True, text=True
+    )
+    for log in Path("/tmp").glob("served-*.log"):  # the job's logs, empty here (the stand-in prints nothing)
+        if log.stat().st_size == 0:
+            log.unlink()
+    assert done.returncode == 0, done.stderr
+    assert sorted(calls.read_text().splitlines()) == sorted(ran)  # DFlash's runs beside EAGLE-3's 05
