@@ -83,8 +83,8 @@ def _weight_fault(f: Path) -> str | None:
 
 
 # config.json keys that say who wrote the file, not what the model is: the embedded verifier converted on the lent
-# GPU (transformers 5.17) and here (5.19) differs in `transformers_version` alone, and a draft trained there was
-# refused here as "another verifier" before
+# GPU (transformers 5.17) and here (5.19) was seen to differ in `transformers_version`, so a draft trained there was
+# refused here as trained for another verifier
 WRITER_KEYS = ("transformers_version",)
 
 
