@@ -55,8 +55,9 @@
 # `stage` with [".answers"] carried unpacks them for 01 to resume.
 # `ckpt-back` (no carry, again while it says "more parts") brings each trained draft's final/ back in parts (RUNS="gpu-x
 # ...": those runs' only, e.g. a sweep's winner); `stage` carries them to a later lease (four parts a call) and
-# TRAINED=1 `served` serves them. DRAFT_RUN=gpu-<arm> brings that run's EAGLE-3 back slim with its prompts instead,
-# as draft.tar.xz parts: `keep` makes .draft/ of them, for `speedup` without TRAIN in a later lease.
+# TRAINED=1 `served` serves them. DRAFT_RUN=gpu-<arm> brings that run's EAGLE-3 (KINDS: eagle3,dflash; DFlash from
+# run gpu-<arm>-dflash where `served` put it) back slim with its prompts instead, as draft.tar.xz parts: `keep` makes
+# .draft/ of them (a kind brought back later joins those of the same dataset), for `speedup` without TRAIN later.
 # After each call, here: `bash benchmarks/gpu_pipeline.sh keep FILES_AT` (the reply's folder) puts the answers in
 # .answers/, the drafts' parts in .ckpt/ and speedup's draft, once whole, in .draft/ (all git-ignored; a later
 # session's checkout kept them on 2026-12-06, so the leases of a recipe may fall in different sessions).
@@ -226,12 +227,14 @@ draft_dir() {  # $1 dataset, $2 run, $3 kind: that kind's run folder (`RunLayout
 }
 
 draft_parts() {  # $1 dataset, $2 run, $3 folder, $4 parts folder: the run's KINDS (eagle3) slim, beside the dataset's
-  # prompt set, in $3 and as $4/draft.tar.xz.part-* (`ckpt-back` sends them; `keep` makes .draft/ of them here)
+  # prompt set, in $3 and as $4/draft.tar.xz.part-* (`ckpt-back` sends them; `keep` makes .draft/ of them here); a kind
+  # not in run $2 is taken from run $2-<kind>, where `served` trains DFlash (gpu-dflash beside gpu)
   local k f py="${PY:-python3}"
   rm -rf "$3" "$4" && mkdir -p "$3" "$4" && echo "$1" > "$3/dataset"
   for k in ${KINDS//,/ }; do
     f="$(draft_dir "$1" "$2" "$k")/final"
-    [ -f "$f/model.safetensors" ] || { echo "no trained $k at $f; trained here: $($py -m draftlab.layout "$1" final/model.safetensors | xargs)" >&2; return 1; }
+    [ -f "$f/model.safetensors" ] || f="$(draft_dir "$1" "$2-$k" "$k")/final"
+    [ -f "$f/model.safetensors" ] || { echo "no trained $k in run $2 or $2-$k; trained here: $($py -m draftlab.layout "$1" final/model.safetensors | xargs)" >&2; return 1; }
     $py benchmarks/bench_speedup.py slim "$f" "$3/$k" || return 1
   done
   cp "$($py -c "import sys; from draftlab.layout import RunLayout; print(RunLayout(sys.argv[1], '').prompts)" "$1")" "$3/"
@@ -293,7 +296,11 @@ keep)
   done
   for f in "$src"/ckpt-*.tar.xz.part-* "$src"/draft.tar.xz.part-*; do [ -f "$f" ] && cp "$f" .ckpt/ && echo "kept .ckpt/$(basename "$f")"; done
   if compgen -G ".ckpt/draft.tar.xz.part-*" > /dev/null && cat .ckpt/draft.tar.xz.part-* | xz -t 2> /dev/null; then
-    rm -rf .draft && cat .ckpt/draft.tar.xz.part-* | tar xJf - && rm .ckpt/draft.tar.xz.part-* && echo "kept .draft/ ($(ls .draft | xargs))"
+    # each kind joins the kinds kept before from the same dataset (EAGLE-3 from one lease, DFlash from the next)
+    new=$(mktemp -d) && cat .ckpt/draft.tar.xz.part-* | tar xJf - -C "$new" && rm .ckpt/draft.tar.xz.part-*
+    cmp -s "$new/.draft/dataset" .draft/dataset 2> /dev/null || rm -rf .draft
+    mkdir -p .draft && for d in "$new"/.draft/*; do rm -rf ".draft/$(basename "$d")" && mv "$d" .draft/; done
+    rm -rf "$new" && echo "kept .draft/ ($(ls .draft | xargs))"
   fi ;;
 pack-draft)
   # here: a trained EAGLE-3 ($2 dataset, $3 run) without the verifier's embeddings (restored there from the verifier:

@@ -279,7 +279,8 @@ def test_ckpt_back_brings_back_the_runs_named_in_RUNS_and_every_run_without_it(t
 
 def test_ckpt_back_with_DRAFT_RUN_brings_that_draft_back_slim_with_its_prompts_and_keep_makes_draft_of_it(tmp_path):
     """A sweep's served winner, for a later lease's `speedup` without TRAIN: its EAGLE-3 without the verifier's
-    embeddings, in bf16, beside the dataset's prompt set, as the draft.tar.xz parts `keep` turns into .draft/."""
+    embeddings, in bf16, beside the dataset's prompt set, as the draft.tar.xz parts `keep` turns into .draft/; a
+    DFlash brought back by a later lease (from run <run>-dflash, where `served` trains it) joins it there."""
     import sys
 
     import torch
@@ -326,7 +327,32 @@ def test_ckpt_back_with_DRAFT_RUN_brings_that_draft_back_slim_with_its_prompts_a
         text=True,
     )
     assert missing.returncode == 1 and "every part sent" not in missing.stdout  # no such draft: said, not sent empty
-    assert "no trained eagle3 at " in missing.stderr and "gpu-steps6k/eagle3/final/model.safetensors" in missing.stderr
+    assert "no trained eagle3 in run gpu-nothing or gpu-nothing-eagle3" in missing.stderr
+    assert "gpu-steps6k/eagle3/final/model.safetensors" in missing.stderr  # the drafts there are named
+    # DFlash from a later lease (`served` trains it in run <run>-dflash) joins the EAGLE-3 kept before
+    dflash = RunLayout("smollm2-gpu", "gpu-steps6k-dflash", work).final("dflash")
+    dflash.mkdir(parents=True)
+    save_file(
+        {"embed_tokens.weight": torch.ones(8, 4), "fc.weight": torch.ones(4, 8)}, str(dflash / "model.safetensors")
+    )
+    (dflash / "config.json").write_text('{"speculators_model_type": "dflash"}')
+    env |= {"OUT": str(tmp_path / "back2"), "CKPT_OUT": str(tmp_path / "parts3"), "KINDS": "dflash"}
+    called = subprocess.run(
+        ["bash", "benchmarks/gpu_pipeline.sh", "ckpt-back"],
+        cwd=work,
+        env={**env, "DRAFT_RUN": "gpu-steps6k"},
+        capture_output=True,
+        text=True,
+    )
+    assert called.returncode == 0 and "every part sent" in called.stdout, called.stderr
+    kept = subprocess.run(
+        ["bash", "benchmarks/gpu_pipeline.sh", "keep", str(tmp_path / "back2")],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
+    assert kept.returncode == 0 and "kept .draft/ (dataset dflash eagle3 prompts.jsonl)" in kept.stdout, kept.stderr
+    assert list(load_file(str(work / ".draft" / "eagle3" / "model.safetensors"))) == ["fc.weight"]  # kept as it was
 
 
 @pytest.mark.parametrize(
