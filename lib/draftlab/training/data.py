@@ -21,6 +21,7 @@ from draftlab.data import manifest
 from draftlab.data.packing import collate, rows
 from draftlab.drafts.recipe import recipe
 from draftlab.masks.packing import pack_length
+from draftlab.training.loaders import prefetch
 
 
 def open_split(draft, folder: Path, pack_len: int, online=None):
@@ -198,7 +199,7 @@ class Packs:
             batch_size=None,
             collate_fn=self.at,
             num_workers=workers,
-            prefetch_factor=4,
+            prefetch_factor=prefetch(workers),
             generator=torch.Generator().manual_seed(self.seed),
         )
 

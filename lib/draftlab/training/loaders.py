@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 ONLINE_WORKERS = 12  # online on CUDA: loader processes, each waiting on its own vLLM request
+OFFLINE_WORKERS = 8  # offline on CUDA, at most half the cores: 4 left 15-22% of every step waiting (BENCHMARKS.md)
+READ_AHEAD = 16  # packs read ahead across the loader processes (each in /dev/shm until the GPU takes it)
+
+
+def prefetch(workers: int) -> int:
+    """Packs each loader process reads ahead: `READ_AHEAD` across them (at least 2 each), so that more processes
+    read faster without holding more of /dev/shm."""
+    return max(2, READ_AHEAD // max(workers, 1))
 
 
 def loader_workers(
@@ -12,7 +20,9 @@ def loader_workers(
 
     Reading a pack (Arrow rows to tensors, then speculators' collate) is Python-bound: on a GPU it
     can take as long as a whole training step (BENCHMARKS.md), so the GPU would wait on it every step. On CUDA
-    worker processes read ahead while the GPU trains; on CPU the cores are the trainer's. Workers
+    worker processes read ahead while the GPU trains; on CPU the cores are the trainer's. With 4 of them the
+    `gpu` profile's 8192-token packs still kept 15-22% of every step waiting on an H100 and an H200 (16 cores, a
+    0.040-0.058 s step): a pack took one process about four steps to read, so half the cores read. Workers
     hand packs over through /dev/shm, which containers often keep small. Online, a worker spends its time
     waiting on vLLM (speculators asks for one row at a time), not on a core: each worker is one more request in
     flight for the server to batch, so there are more of them (BENCHMARKS.md, "Online hidden states").
@@ -35,5 +45,5 @@ def loader_workers(
     if online:
         n = min(ONLINE_WORKERS, cpus - 2)
         return n, f"CUDA, online: {n} processes each keep a row's request in flight to vLLM while the GPU trains"
-    n = min(4, cpus // 4)
+    n = min(OFFLINE_WORKERS, cpus // 2)
     return n, f"CUDA: {n} processes read and collate packs while the GPU trains ({cpus} CPUs here)"
