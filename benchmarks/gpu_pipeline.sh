@@ -357,15 +357,18 @@ served-job)
     done
     exit 0
   fi
-  # PAIR=1: DFlash's 04 beside EAGLE-3's 04, each server's KV cache capped at KV_CAP_GIB (16). Measured 2026-12-04:
-  # the two 04s took about 1,050 s together (EAGLE-3 at 2.8-3.4 steps/s, 5.4 alone); no room left for EAGLE-3's 05.
+  # DFlash's 04 and 05 run beside EAGLE-3's 05 (PAIR=1: beside its 04; measured 2026-12-04: the two 04s took about
+  # 1,050 s together, EAGLE-3 at 2.8-3.4 steps/s, 5.4 alone), so each server's KV cache is capped at KV_CAP_GIB (8:
+  # 32 SmolLM2 requests of 2,000 tokens in flight hold 1.5 GiB): uncapped, 05's three servers split what was free as
+  # they started (about 22 GiB each on an H100) and DFlash's training, allocating beside them, would not fit
+  export DRAFTLAB_KV_CAP_GIB="${KV_CAP_GIB:-8}"
   dflash_run() {
     # shellcheck disable=SC2086  # SET05: further `--set key=value` arguments for both 05s
     $py -m draftlab run --profile "$p" --run-name "$p-dflash" --only 04,05 --set "draft_kinds=[dflash]" ${SET05:-} \
       > /tmp/served-dflash-0405.log 2>&1
   }
   [ "${ONLY:-}" != dflash ] || { dflash_run || { tail -c 3000 /tmp/served-dflash-0405.log; exit 1; }; exit 0; }
-  [ "${PAIR:-0}" = 1 ] && { export DRAFTLAB_KV_CAP_GIB="${KV_CAP_GIB:-16}"; dflash_run & dflash=$!; }
+  [ "${PAIR:-0}" = 1 ] && { dflash_run & dflash=$!; }
   $py -m draftlab run --profile "$p" --only 04 --set "draft_kinds=[eagle3]" > /tmp/served-eagle3-04.log 2>&1 \
     || { tail -c 3000 /tmp/served-eagle3-04.log; exit 1; }
   [ "${PAIR:-0}" = 1 ] || { dflash_run & dflash=$!; }

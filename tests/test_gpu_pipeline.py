@@ -376,6 +376,7 @@ def test_served_trains_and_serves_eagle3_then_dflash_and_with_ONLY_dflash_dflash
         'a=" $* "; run=gpu; [[ $a == *" --run-name "* ]] && run=${a#* --run-name }; run=${run%% *}\n'
         'only=${a#* --only }; kinds=${a#*draft_kinds=}; [[ $a == *draft_kinds=* ]] || kinds=""\n'
         f'echo "${{only%% *}} $run ${{kinds%% *}}" | sed "s/ $//; s/^\\(01\\) .*/\\1/" >> {calls}\n'
+        f'echo "${{DRAFTLAB_KV_CAP_GIB:-uncapped}}" >> {calls}.cap\n'
     )
     py.chmod(0o755)
     env = {**os.environ, "WORK": str(work), "SKIP_INSTALL": "1", "PY": str(py), "ONLY": only}
@@ -387,3 +388,7 @@ def test_served_trains_and_serves_eagle3_then_dflash_and_with_ONLY_dflash_dflash
             log.unlink()
     assert done.returncode == 0, done.stderr
     assert sorted(calls.read_text().splitlines()) == sorted(ran)  # DFlash's runs beside EAGLE-3's 05
+    # 01's server is alone on the card; after it, 05's servers share it with a training beside them: their KV caches
+    # capped, not sized from what is free as they start
+    first, *after = Path(f"{calls}.cap").read_text().split()
+    assert first == "uncapped" and set(after) == {"8"}
