@@ -175,3 +175,21 @@ def test_atomic_writes_from_many_writers_at_once_never_collide(tmp_path):
         list(pool.map(lambda p: [write_atomic(target, p) for _ in range(40)], payloads))
     assert target.read_text() in payloads  # whole, one writer's text
     assert sorted(p.name for p in tmp_path.iterdir()) == [".verified.json"]  # no temporary left behind
+
+
+def test_states_that_cannot_fit_the_disk_are_refused_before_the_first_forward(tiny, tmp_path, monkeypatch):
+    """A disk that fills hours into an extraction stops it where it stands: what the rows still to extract need
+    (tokens x slots x hidden x bytes) is checked against the free space first, and the fix named."""
+    import shutil
+    from collections import namedtuple
+
+    ds = _dataset(tiny, tmp_path, [12, 20, 7, 16, 9, 11])
+    tokens = sum(len(r) for r in ds.with_format(None)["input_ids"])
+    per_token = 4 * tiny.hidden_size * tiny.dtype.itemsize + 8  # three layers and the last state, and the token id
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 0, tokens * per_token + (255 << 20)))
+    with pytest.raises(DraftlabError, match=rf"the 6 rows still to extract need about .* GB .*{tokens:,} tokens") as e:
+        extract(tiny, ds, tmp_path, [2, 4, 5], progress=False)
+    assert "hidden_states: online" in str(e.value) and not list((tmp_path / "hidden_states").glob("hs_*"))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 0, tokens * per_token + (257 << 20)))
+    assert extract(tiny, ds, tmp_path, [2, 4, 5], progress=False).written == 6  # room enough: written
