@@ -301,31 +301,28 @@ def test_ckpt_back_with_DRAFT_RUN_brings_that_draft_back_slim_with_its_prompts_a
     run.prompts.parent.mkdir(parents=True, exist_ok=True)
     run.prompts.write_text('{"id": "a", "split": "bench"}\n')
     env = {**os.environ, "WORK": str(work), "SKIP_INSTALL": "1", "PY": sys.executable, "DRAFTLAB_HOME": str(work)}
-    env |= {"OUT": str(tmp_path / "back"), "CKPT_OUT": str(tmp_path / "parts"), "DRAFT": str(tmp_path / "draft")}
-    called = subprocess.run(
-        ["bash", "benchmarks/gpu_pipeline.sh", "ckpt-back"],
-        cwd=work,
-        env={**env, "DRAFT_RUN": "gpu-steps6k"},
-        capture_output=True,
-        text=True,
-    )
-    assert called.returncode == 0 and "every part sent" in called.stdout, called.stderr
-    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["draft.tar.xz.part-aa"]  # no ckpt-* beside it
-    kept = subprocess.run(
-        ["bash", "benchmarks/gpu_pipeline.sh", "keep", str(tmp_path / "back")], cwd=work, capture_output=True, text=True
-    )
-    assert kept.returncode == 0 and "kept .draft/ (dataset eagle3 prompts.jsonl)" in kept.stdout, kept.stderr
+    env |= {"DRAFT": str(tmp_path / "draft")}
+
+    def call(*args, **more):
+        e = {**env, **more}
+        return subprocess.run(
+            ["bash", "benchmarks/gpu_pipeline.sh", *args], cwd=work, env=e, capture_output=True, text=True
+        )
+
+    def back_and_keep(folder: str, **more) -> str:
+        called = call("ckpt-back", OUT=str(tmp_path / folder), CKPT_OUT=str(tmp_path / f"{folder}-parts"), **more)
+        assert called.returncode == 0 and "every part sent" in called.stdout, called.stderr
+        assert sorted(p.name for p in (tmp_path / folder).iterdir()) == ["draft.tar.xz.part-aa"]  # no ckpt-* beside it
+        kept = call("keep", str(tmp_path / folder))
+        assert kept.returncode == 0, kept.stderr
+        return kept.stdout
+
+    assert "kept .draft/ (dataset eagle3 prompts.jsonl)" in back_and_keep("back", DRAFT_RUN="gpu-steps6k")
     slim = load_file(str(work / ".draft" / "eagle3" / "model.safetensors"))
     assert list(slim) == ["fc.weight"] and slim["fc.weight"].dtype == torch.bfloat16
     assert (work / ".draft" / "dataset").read_text().strip() == "smollm2-gpu"
     assert (work / ".draft" / "prompts.jsonl").read_text() == run.prompts.read_text()
-    missing = subprocess.run(
-        ["bash", "benchmarks/gpu_pipeline.sh", "ckpt-back"],
-        cwd=work,
-        env={**env, "DRAFT_RUN": "gpu-nothing", "CKPT_OUT": str(tmp_path / "parts2")},
-        capture_output=True,
-        text=True,
-    )
+    missing = call("ckpt-back", DRAFT_RUN="gpu-nothing", OUT=str(tmp_path / "none"), CKPT_OUT=str(tmp_path / "parts2"))
     assert missing.returncode == 1 and "every part sent" not in missing.stdout  # no such draft: said, not sent empty
     assert "no trained eagle3 in run gpu-nothing or gpu-nothing-eagle3" in missing.stderr
     assert "gpu-steps6k/eagle3/final/model.safetensors" in missing.stderr  # the drafts there are named
@@ -336,22 +333,8 @@ def test_ckpt_back_with_DRAFT_RUN_brings_that_draft_back_slim_with_its_prompts_a
         {"embed_tokens.weight": torch.ones(8, 4), "fc.weight": torch.ones(4, 8)}, str(dflash / "model.safetensors")
     )
     (dflash / "config.json").write_text('{"speculators_model_type": "dflash"}')
-    env |= {"OUT": str(tmp_path / "back2"), "CKPT_OUT": str(tmp_path / "parts3"), "KINDS": "dflash"}
-    called = subprocess.run(
-        ["bash", "benchmarks/gpu_pipeline.sh", "ckpt-back"],
-        cwd=work,
-        env={**env, "DRAFT_RUN": "gpu-steps6k"},
-        capture_output=True,
-        text=True,
-    )
-    assert called.returncode == 0 and "every part sent" in called.stdout, called.stderr
-    kept = subprocess.run(
-        ["bash", "benchmarks/gpu_pipeline.sh", "keep", str(tmp_path / "back2")],
-        cwd=work,
-        capture_output=True,
-        text=True,
-    )
-    assert kept.returncode == 0 and "kept .draft/ (dataset dflash eagle3 prompts.jsonl)" in kept.stdout, kept.stderr
+    kept = back_and_keep("back2", DRAFT_RUN="gpu-steps6k", KINDS="dflash")
+    assert "kept .draft/ (dataset dflash eagle3 prompts.jsonl)" in kept
     assert list(load_file(str(work / ".draft" / "eagle3" / "model.safetensors"))) == ["fc.weight"]  # kept as it was
 
 
