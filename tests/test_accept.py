@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,6 +12,8 @@ from draftlab import DraftlabError
 from draftlab.acceptance import speculative as accept
 from draftlab.acceptance.eagle3 import Eagle3Proposer
 from draftlab.acceptance.proposers import NGramProposer, Proposal, load_draft
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPTS = ["hello how are you today", "def add(a, b): return a + b", "the quick brown fox jumps", "for i in range(10):"]
 N_NEW = 24
@@ -405,6 +410,34 @@ def test_one_teacher_forced_pass_replays_the_loops_accepted_lengths_step_for_ste
     same, of = rows[3]["steps equal to the loop"].split(" of ")
     assert same == of and int(of) > 0
     assert rows[3]["first position"] == rows[4]["first position"] or int(of) < sum(len(g.steps) for g in gens)
+
+
+def test_the_gap_is_taken_apart_by_part_and_two_drafts_compared_with_what_each_part_closed(tmp_path):
+    """The `gpu` profile's EAGLE-3 of 2026-12-04 (its table brought back to this CPU, no held-out row there: 04's
+    0.782 stands in): the bench text -0.088, the draft vocabulary -0.004, where chains start -0.081 (BENCHMARKS.md);
+    against a notebook 05 metrics.json that has the held-out row, the parts closed are new minus old."""
+    import importlib.util
+
+    from draftlab.acceptance.replay import gap_parts
+
+    recorded = ROOT / "benchmarks" / "results" / "h200-2026-12-04c" / "teacher-forced-gap-cpu.json"
+    old = json.loads(recorded.read_text())["rows"]
+    assert gap_parts(old, held_out=0.782) == {
+        "the bench text": -0.0882,
+        "the draft vocabulary": -0.0039,
+        "where chains start": -0.0805,
+        "replay against the loop": 0.0025,
+    }
+    assert gap_parts(old)["the bench text"] is None  # no held-out figure: that part is not made up
+    held = {"counted": "teacher-forced, stage 01's eval answers (speculators' metric)", "first position": 0.8}
+    new = [held, *({**r, "first position": r["first position"] + (0.05 if "live" in r["counted"] else 0)} for r in old)]
+    (tmp_path / "metrics.json").write_text(json.dumps({"teacher_forced_gap": {"eagle3": new}}))
+    spec = importlib.util.spec_from_file_location("tf_gap", ROOT / "benchmarks" / "teacher_forced_gap.py")
+    tf_gap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tf_gap)
+    table = tf_gap.compare([str(recorded), str(tmp_path / "metrics.json"), "--held-out", "0.782", "0.7"])
+    assert "| teacher-forced, stage 01's eval answers (speculators' metric) | - | 0.8 |" in table  # first, as counted
+    assert "| the bench text | -0.0882 | -0.0562 | +0.0320 |" in table  # 0.8 from its own row, not --held-out
 
 
 def test_teacher_forced_counts_pool_each_depth_over_the_chains_that_reached_it():

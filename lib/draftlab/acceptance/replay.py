@@ -121,6 +121,30 @@ def gap_rows(draft, gens, k: int, max_new_tokens: int, offline: list[float] | No
     return rows
 
 
+# `gap_rows`' labels, in the order the gap is taken apart
+HELD_OUT, LIVE_TEXT, WHOLE_VOCAB = "stage 01's eval answers", "the live greedy text, every position", "whole vocabulary"
+REPLAYED, LIVE = "replayed at the live chain's steps", "live (draftlab's loop)"
+
+
+def gap_parts(rows: list[dict], held_out: float | None = None) -> dict[str, float | None]:
+    """First-position acceptance lost between the held-out metric and the live chain, by part (`gap_rows`' rows):
+    the bench text (held-out answers against the live text, teacher-forced), the draft vocabulary (speculators'
+    metric against the verifier's argmax over its whole vocabulary), where chains start (every position against the
+    replayed chain's starts), and what the replay misses of the loop. `held_out` stands in for a table without the
+    held-out row (a draft brought back without its eval states: 04's own figure). None where a row is missing."""
+
+    def first(label: str) -> float | None:
+        return next((r["first position"] for r in rows if label in r["counted"]), None)
+
+    top = first(HELD_OUT) if first(HELD_OUT) is not None else held_out
+    steps = [top, first(LIVE_TEXT), first(WHOLE_VOCAB), first(REPLAYED), first(LIVE)]
+    names = ["the bench text", "the draft vocabulary", "where chains start", "replay against the loop"]
+    return {
+        name: None if a is None or b is None else round(b - a, 4)
+        for name, a, b in zip(names, steps, steps[1:], strict=False)
+    }
+
+
 def _alpha_row(what: str, alpha: list[float], k: int) -> dict:
     return {
         "counted": what,
