@@ -318,7 +318,11 @@ ckpt-back)
   # while parts remain (call again). Keep them here in .ckpt/.
   # DRAFT_RUN=gpu-steps6k: that run's drafts (KINDS) slim with the prompt set instead, as speedup's TRAIN=1 packs
   # its own: `keep` makes .draft/ of them, for a later lease's `speedup` without TRAIN.
-  out="${OUT:-/tmp/out}"; co="${CKPT_OUT:-/tmp/ckpt-out}"; mkdir -p "$out" "$co"; ready
+  # each request's parts in a folder of its own (`DRAFT_RUN=gpu`, then `RUNS=gpu-dflash`: both sent); none named:
+  # /tmp/ckpt-out, where speedup's TRAIN=1 packs its draft
+  key="${DRAFT_RUN:+draft $DRAFT_RUN ${KINDS:-}}${RUNS:+ runs $RUNS}"
+  co="${CKPT_OUT:-/tmp/ckpt-out${key:+-$(echo "$key" | md5sum | cut -c1-8)}}"
+  out="${OUT:-/tmp/out}"; mkdir -p "$out" "$co"; ready
   if [ -n "${DRAFT_RUN:-}" ] && [ ! -f "$co/.packed" ]; then
     KINDS="${KINDS:-eagle3}" draft_parts "smollm2-${PROFILE:-gpu}" "$DRAFT_RUN" "${DRAFT:-/tmp/draft}" "$co" || exit 1
   fi

@@ -3,7 +3,9 @@ it ended: run here on a stand-in job patched into a copy of the script (the real
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -256,14 +258,17 @@ def test_ckpt_back_brings_back_the_runs_named_in_RUNS_and_every_run_without_it(t
     (work / "benchmarks").mkdir(parents=True)
     (work / "benchmarks" / "gpu_pipeline.sh").write_text((ROOT / "benchmarks" / "gpu_pipeline.sh").read_text())
     (work / "lib").symlink_to(ROOT / "lib")  # the job's PYTHONPATH is $WORK/lib
-    for run in ("gpu-base", "gpu-steps6k"):
+    one, two = (f"gpu-{n}{uuid.uuid4().hex[:8]}" for n in "ab")  # asked in turn in one lease, parts where it packs
+    for run in ("gpu-base", "gpu-steps6k", one, two):
         final = RunLayout("smollm2-gpu", run, work).final("eagle3")
         final.mkdir(parents=True)
         (final / "model.safetensors").write_bytes(run.encode())
     env = {**os.environ, "WORK": str(work), "SKIP_INSTALL": "1", "PY": sys.executable, "DRAFTLAB_HOME": str(work)}
 
-    def back(folder: str, **more) -> list[str]:
-        e = {**env, "OUT": str(tmp_path / folder), "CKPT_OUT": str(tmp_path / f"{folder}-parts"), **more}
+    def back(folder: str, parts: bool = True, **more) -> list[str]:
+        e = {**env, "OUT": str(tmp_path / folder), **more} | (
+            {"CKPT_OUT": str(tmp_path / f"{folder}-p")} if parts else {}
+        )
         called = subprocess.run(
             ["bash", "benchmarks/gpu_pipeline.sh", "ckpt-back"], cwd=work, env=e, capture_output=True, text=True
         )
@@ -271,10 +276,19 @@ def test_ckpt_back_brings_back_the_runs_named_in_RUNS_and_every_run_without_it(t
         return sorted(p.name for p in (tmp_path / folder).iterdir())
 
     assert back("one", RUNS="gpu-steps6k") == ["ckpt-gpu-steps6k_eagle3.tar.xz.part-aa"]
-    assert back("every") == ["ckpt-gpu-base_eagle3.tar.xz.part-aa", "ckpt-gpu-steps6k_eagle3.tar.xz.part-aa"]
+    every = sorted(f"ckpt-{run}_eagle3.tar.xz.part-aa" for run in ("gpu-base", "gpu-steps6k", one, two))
+    assert back("every") == every
     part = tmp_path / "one" / "ckpt-gpu-steps6k_eagle3.tar.xz.part-aa"
     listed = subprocess.run(["tar", "tJf", str(part)], capture_output=True, text=True, check=True).stdout.split()
     assert listed == ["final/", "final/model.safetensors"]
+    # two requests of one lease, no CKPT_OUT: the second sends its parts too (it found the first's folder packed)
+    try:
+        assert back("first", parts=False, RUNS=one) == [f"ckpt-{one}_eagle3.tar.xz.part-aa"]
+        assert back("second", parts=False, RUNS=two) == [f"ckpt-{two}_eagle3.tar.xz.part-aa"]
+    finally:
+        for run in (one, two):
+            key = hashlib.md5(f" runs {run}\n".encode()).hexdigest()[:8]
+            shutil.rmtree(f"/tmp/ckpt-out-{key}", ignore_errors=True)
 
 
 def test_ckpt_back_with_DRAFT_RUN_brings_that_draft_back_slim_with_its_prompts_and_keep_makes_draft_of_it(tmp_path):
