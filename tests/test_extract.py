@@ -193,3 +193,5 @@ def test_states_that_cannot_fit_the_disk_are_refused_before_the_first_forward(ti
     assert "hidden_states: online" in str(e.value) and not list((tmp_path / "hidden_states").glob("hs_*"))
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 0, tokens * per_token + (257 << 20)))
     assert extract(tiny, ds, tmp_path, [2, 4, 5], progress=False).written == 6  # room enough: written
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 0, 0))
+    assert extract(tiny, ds, tmp_path, [2, 4, 5], progress=False).reused == 6  # a full disk, nothing left to write

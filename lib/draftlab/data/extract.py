@@ -204,8 +204,9 @@ def extract(
             files[str(i)] = entry
     reused = len(files)
     todo = sorted((i for i in range(n) if str(i) not in files), key=lambda i: len(rows[i]))
-    per_token = n_slots * verifier.hidden_size * verifier.dtype.itemsize + 8  # the states and the token id
-    check_room(out_dir, hs_dir, sum(len(rows[i]) for i in todo), per_token, f"{len(todo)} rows still to extract")
+    if todo:  # (a finished split resumes on a full disk: nothing to write)
+        per_token = n_slots * verifier.hidden_size * verifier.dtype.itemsize + 8  # the states and the token id
+        check_room(out_dir, hs_dir, sum(len(rows[i]) for i in todo), per_token, f"{len(todo)} rows still to extract")
 
     state = {
         "format": FORMAT,
