@@ -117,10 +117,13 @@ def test_bad_requests_are_refused_before_anything_is_written(verifier_dir, tiny_
     with pytest.raises(DraftlabError, match="like='70b': choose one of"):
         stand_in.plan(verifier_dir, "70b")
     import collections
+    import shutil
 
     full = collections.namedtuple("u", "total used free")(10**9, 10**9, 1000)
-    monkeypatch.setattr(stand_in.shutil, "disk_usage", lambda p: full)
-    with pytest.raises(DraftlabError, match="needs 0.0 GiB on disk and .* has 0.0 GiB free"):
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: full)
+    with pytest.raises(
+        DraftlabError, match="the expansion's weights need about .* GiB on disk and .* has 0.00 GiB free"
+    ):
         expand(verifier_dir, "tiny", tmp_path / "x", dtype=torch.float32, device="cpu")
     assert list(tmp_path.iterdir()) == [], "nothing written"
     (tmp_path / "half").mkdir()

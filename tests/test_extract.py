@@ -188,7 +188,8 @@ def test_states_that_cannot_fit_the_disk_are_refused_before_the_first_forward(ti
     per_token = 4 * tiny.hidden_size * tiny.dtype.itemsize + 8  # three layers and the last state, and the token id
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 0, tokens * per_token + (255 << 20)))
-    with pytest.raises(DraftlabError, match=rf"the 6 rows still to extract need about .* GB .*{tokens:,} tokens") as e:
+    wanted = rf"the 6 rows still to extract \({tokens:,} tokens\) need about .* GiB on disk"
+    with pytest.raises(DraftlabError, match=wanted) as e:
         extract(tiny, ds, tmp_path, [2, 4, 5], progress=False)
     assert "hidden_states: online" in str(e.value) and not list((tmp_path / "hidden_states").glob("hs_*"))
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 0, tokens * per_token + (257 << 20)))

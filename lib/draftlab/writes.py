@@ -77,6 +77,20 @@ def fix_for(err: int | None, folder: Path, elsewhere: str) -> str:
     )
 
 
+SPARE = 256 << 20  # left free beside what a step writes: manifests, logs, the rest of the machine
+
+
+def room_for(folder: Path, need: int, what: str, fixes: str) -> None:
+    """Refuse, before anything is written, `need` bytes the disk holding `folder` cannot take with `SPARE` beside
+    them, saying what needs them, what is free and `fixes`: a disk that fills hours into a step stops it there."""
+    where = _existing(folder)
+    free = shutil.disk_usage(where).free
+    if need + SPARE > free:
+        raise DraftlabError(
+            f"{what} need about {need / 2**30:.2f} GiB on disk and {where} has {free / 2**30:.2f} GiB free: {fixes}"
+        )
+
+
 @contextmanager
 def writing(
     path, operation: str, kept: str = "nothing else was changed", elsewhere: str = ELSEWHERE, remove: Path | None = None

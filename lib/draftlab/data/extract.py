@@ -26,7 +26,12 @@ from draftlab.data.hooks import hidden_states
 from draftlab.data.verifier import check_token_ids
 from draftlab.families import family
 from draftlab.progress import progress_bar
-from draftlab.writes import writing
+from draftlab.writes import room_for, writing
+
+ROOM_FIXES = (
+    "free space there, set DRAFTLAB_HOME on a larger disk, train with `hidden_states: online` (04 has vLLM make the "
+    "train states as it reads them, none kept), or extract fewer rows (fewer prompts, `extra_samples: 0`)."
+)
 
 FORMAT = "draftlab-hidden-states/1"
 
@@ -113,26 +118,6 @@ def kept_line(mode: str, rows: dict[str, int], keep: dict[str, int | None]) -> s
     return f"hidden_states: online: stage 04 makes the train rows' states through vLLM as it trains; kept here: {kept}."
 
 
-SPARE = 256 << 20  # left free beside the states: the manifest, the answers still to come, the rest of the machine
-
-
-def check_room(out_dir: Path, hs_dir: Path, tokens: int, per_token: int, what: str) -> None:
-    """Refuse, before the first forward, states that cannot fit the disk: each token of a row writes every slot's
-    hidden state (SmolLM2's four slots in bf16: 4.6 GB a million tokens, and the `gpu` profile's train split is
-    millions), and a disk that fills hours in stops the run where it stands (it resumes; nothing frees the space)."""
-    import shutil
-
-    need, free = tokens * per_token, shutil.disk_usage(hs_dir).free
-    if need + SPARE > free:
-        raise DraftlabError(
-            f"{out_dir}: the {what} need about {need / 1e9:.2f} GB of hidden states ({tokens:,} tokens x "
-            f"{per_token:,} bytes) and {free / 1e9:.2f} GB are free on that disk. Free space there, move the data to "
-            "a larger disk (DRAFTLAB_HOME), train with `hidden_states: online` (04 has vLLM make each pack's states as "
-            "it reads it; 01 keeps eval's and a few train rows'), or extract fewer rows (fewer prompts, "
-            "extra_samples: 0)."
-        )
-
-
 def extract(
     verifier,
     dataset,
@@ -204,9 +189,10 @@ def extract(
             files[str(i)] = entry
     reused = len(files)
     todo = sorted((i for i in range(n) if str(i) not in files), key=lambda i: len(rows[i]))
-    if todo:  # (a finished split resumes on a full disk: nothing to write)
-        per_token = n_slots * verifier.hidden_size * verifier.dtype.itemsize + 8  # the states and the token id
-        check_room(out_dir, hs_dir, sum(len(rows[i]) for i in todo), per_token, f"{len(todo)} rows still to extract")
+    if todo:  # states that cannot fit, refused before the first forward (a finished split resumes on a full disk)
+        tokens = sum(len(rows[i]) for i in todo)  # each writes every slot's state and its id: 4.6 GB a million (bf16)
+        need = tokens * (n_slots * verifier.hidden_size * verifier.dtype.itemsize + 8)
+        room_for(hs_dir, need, f"{out_dir}: the {len(todo)} rows still to extract ({tokens:,} tokens)", ROOM_FIXES)
 
     state = {
         "format": FORMAT,

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from draftlab import DraftlabError
+from draftlab.writes import room_for
 
 # Families whose decoder layer is q/k/v/o + gate/up/down with an x*w RMSNorm over the hidden size, nothing else.
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -184,13 +184,12 @@ def reference_config(like: str) -> dict:
 
 def check_room(out: Path, nbytes: int, device: str) -> None:
     """Refuse before anything is written: a disk or a device that cannot hold the expansion."""
-    parent = out.parent if out.parent.exists() else Path.cwd()
-    free = shutil.disk_usage(parent).free
-    if free < nbytes * 1.05 + 2**28:
-        raise DraftlabError(
-            f"the expansion needs {nbytes / 2**30:.1f} GiB on disk and {parent} has {free / 2**30:.1f} "
-            "GiB free: free space there, choose another out folder, or a smaller stand-in ('1b')."
-        )
+    room_for(
+        out,
+        int(nbytes * 1.05),
+        "the expansion's weights",
+        "free space there, choose another out folder, or a smaller stand-in ('1b').",
+    )
     if str(device).startswith("cuda") and torch.cuda.is_available():
         total = torch.cuda.mem_get_info()[1]
         if total < nbytes * 1.2:
