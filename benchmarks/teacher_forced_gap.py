@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from draftlab.acceptance.evaluate import load_spec_prompts, offline_alpha, run_prompts
 from draftlab.acceptance.proposers import load_run_drafts
@@ -55,7 +56,7 @@ def main() -> None:
 
 def rows_of(path: str) -> list[dict]:
     """The gap's rows from this script's --json, or from notebook 05's metrics.json (its EAGLE-3's)."""
-    got = json.loads(open(path).read())
+    got = json.loads(Path(path).read_text())
     return got["rows"] if "rows" in got else got["teacher_forced_gap"]["eagle3"]
 
 

@@ -136,8 +136,8 @@ def gap_parts(rows: list[dict], held_out: float | None = None) -> dict[str, floa
     def first(label: str) -> float | None:
         return next((r["first position"] for r in rows if label in r["counted"]), None)
 
-    top = first(HELD_OUT) if first(HELD_OUT) is not None else held_out
-    steps = [top, first(LIVE_TEXT), first(WHOLE_VOCAB), first(REPLAYED), first(LIVE)]
+    top = first(HELD_OUT)
+    steps = [held_out if top is None else top, first(LIVE_TEXT), first(WHOLE_VOCAB), first(REPLAYED), first(LIVE)]
     names = ["the bench text", "the draft vocabulary", "where chains start", "replay against the loop"]
     return {
         name: None if a is None or b is None else round(b - a, 4)

@@ -157,8 +157,6 @@ def host_line(results: list[dict], variant: str, kind: str) -> tuple[tuple[float
     tokens/s, one in flight) at every k it was served at, over every result given: on a GPU a small verifier's step
     is the engine's. c2 is fitted only where one k was served at taus 0.5 or more apart (two drafts, or two runs of
     the same machine): along one draft's k sweep tau rises with k, and c1 and c2 cannot be told apart; else 0."""
-    import numpy as np
-
     pts = []
     for result in results:
         for name in result["servers"]:

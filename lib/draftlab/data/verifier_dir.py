@@ -93,8 +93,7 @@ def fingerprint(path: Path, cache: Path | None = None) -> str:
     each weight file's contents, so a fine-tuned or re-quantised copy with the same config and file sizes is
     another verifier, and the same conversion made by another transformers is not. Digests are cached by
     path, size and mtime (`data/cache/weight-digests.json`): a file is read once, not at every load."""
-    config = json.loads((path / "config.json").read_text())
-    said = {k: v for k, v in config.items() if k not in WRITER_KEYS} if isinstance(config, dict) else config
+    said = {k: v for k, v in json.loads((path / "config.json").read_text()).items() if k not in WRITER_KEYS}
     h = hashlib.sha256(json.dumps(said, sort_keys=True).encode())
     for g in WEIGHT_GLOBS:
         for f in sorted(path.glob(g)):
