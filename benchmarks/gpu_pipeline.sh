@@ -363,8 +363,8 @@ served-job)
   fi
   # DFlash's 04 and 05 run beside EAGLE-3's 05 (PAIR=1: beside its 04; measured 2026-12-04: the two 04s took about
   # 1,050 s together, EAGLE-3 at 2.8-3.4 steps/s, 5.4 alone), so each server's KV cache is capped at KV_CAP_GIB (8:
-  # 32 SmolLM2 requests of 2,000 tokens in flight hold 1.5 GiB): uncapped, 05's three servers split what was free as
-  # they started (about 22 GiB each on an H100) and DFlash's training, allocating beside them, would not fit
+  # 32 SmolLM2 requests of 2,000 tokens in flight hold about 1.4 GiB): uncapped, 05's three servers split what was free
+  # as they started (by size_share about 22 GiB each on an H100) and DFlash's training beside them would not fit
   export DRAFTLAB_KV_CAP_GIB="${KV_CAP_GIB:-8}"
   dflash_run() {
     # shellcheck disable=SC2086  # SET05: further `--set key=value` arguments for both 05s
