@@ -24,13 +24,13 @@
 # Jobs:
 #   served     the `gpu` profile's served figures: 01, EAGLE-3's 04 and 05 (run `gpu`), DFlash's 04 and 05 (run
 #              `gpu-dflash`) beside EAGLE-3's 05 (PAIR=1: beside its 04). SET05="--set k=v ..." goes to both 05s.
-#              From a fresh clone (the profile since 2026-12-07, estimated from the sweeps' times, not yet run whole):
-#              lease 1: 01 writes the 15,347 answers and their states (285-361 s), EAGLE-3's 04 (6000 steps, 466-676 s),
-#                       its 05 (~300 s) -> EAGLE-3's served tau, with DFlash's 04 beside that 05; then, where DFlash's
-#                       04 ended, RUNS=gpu-dflash `ckpt-back` (`keep` the answers and the parts);
-#              lease 2: `stage` carrying [".answers"] and .ckpt's parts (four a call), then TRAINED=1 `served`: 01's
-#                       states again (~100 s) and DFlash's 05 -> its served tau (no parts: ONLY=dflash `served`,
-#                       DFlash's 04 and 05 alone after 01).
+#              From a fresh clone (an H100, 2026-12-07, BENCHMARKS.md):
+#              lease 1: 01 wrote the 15,347 answers and their states (418 s), EAGLE-3's 04 (6000 steps, 563 s), its
+#                       05 -> EAGLE-3's served tau by 1,705 s held; then DRAFT_RUN=gpu `ckpt-back` (7 s) and the
+#                       lease was spent (05's last server cut; DFlash's 04, beside, cut at step 5795);
+#              lease 2: `stage` carrying [".answers"], then ONLY=dflash `served`: DFlash's 04 and 05 alone after 01
+#                       (or, where RUNS=gpu-dflash `ckpt-back` brought DFlash's parts, .ckpt's parts carried four a
+#                       call and TRAINED=1 `served`: 01's states again and DFlash's 05).
 #   speedup    issue 48: SmolLM2 and its expansion to Llama-3.1-8B's shape (data.expand) served with a trained EAGLE-3
 #              (widened: drafts.expand) at KS (5,2,3,1,7), the reference shape with random weights for the cost check,
 #              the weight GEMMs timed for the cost model, the draft never accepted for a speculative step's fixed
