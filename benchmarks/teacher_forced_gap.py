@@ -3,7 +3,8 @@ EAGLE-3 draft on one split's prompts, without the rest of the notebook (`accepta
     python benchmarks/teacher_forced_gap.py --dataset smollm2-default --run-name default --prompts 32
     python benchmarks/teacher_forced_gap.py --dataset smollm2-gpu --run-name gpu --device cuda --dtype bfloat16
 Two drafts' tables side by side, and which part of the gap closed (`replay.gap_parts`): each file this script's
---json or a notebook 05 metrics.json; --held-out OLD NEW stands in for a table without the held-out row (04's figure):
+--json or a notebook 05 metrics.json (metrics.partial.json of a run cut before its end); --held-out OLD NEW stands
+in for a table without the held-out row (04's figure):
     python benchmarks/teacher_forced_gap.py compare OLD.json NEW/05/metrics.json --held-out 0.782 0.794
 """
 
@@ -55,7 +56,7 @@ def main() -> None:
 
 
 def rows_of(path: str) -> list[dict]:
-    """The gap's rows from this script's --json, or from notebook 05's metrics.json (its EAGLE-3's)."""
+    """The gap's rows: this script's --json, or notebook 05's metrics.json or metrics.partial.json (its EAGLE-3's)."""
     got = json.loads(Path(path).read_text())
     return got["rows"] if "rows" in got else got["teacher_forced_gap"]["eagle3"]
 

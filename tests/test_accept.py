@@ -440,6 +440,32 @@ def test_the_gap_is_taken_apart_by_part_and_two_drafts_compared_with_what_each_p
     assert "| the bench text | -0.0882 | -0.0562 | +0.0320 |" in table  # 0.8 from its own row, not --held-out
 
 
+def test_notebook_05_keeps_its_figures_so_far_and_a_new_run_starts_them_anew(tmp_path):
+    """A run cut before its last cell (a lent GPU's 30 minutes, 2026-12-07) leaves metrics.partial.json with what it
+    measured: each call adds its parts, `fresh` drops an earlier run's, and the teacher-forced comparison reads it as
+    it reads metrics.json. The recorded 2026-12-07 table against 2026-12-04's gives BENCHMARKS.md's parts closed."""
+    import importlib.util
+
+    from draftlab.acceptance import reported
+
+    path = reported.keep_so_far(tmp_path, fresh=True, settings={"k": 5})
+    reported.keep_so_far(tmp_path, served={"tau": 2.9})
+    assert json.loads(path.read_text()) == {"settings": {"k": 5}, "served": {"tau": 2.9}, "complete": False}
+    reported.keep_so_far(tmp_path, fresh=True, settings={"k": 7})
+    assert json.loads(path.read_text()) == {"settings": {"k": 7}, "complete": False}  # the earlier run's figures gone
+    results = ROOT / "benchmarks" / "results"
+    new = json.loads((results / "h100-2026-12-07-gpu-profile" / "teacher-forced-gap.json").read_text())["rows"]
+    reported.keep_so_far(tmp_path, teacher_forced_gap={"eagle3": new})
+    spec = importlib.util.spec_from_file_location("tf_gap", ROOT / "benchmarks" / "teacher_forced_gap.py")
+    tf_gap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tf_gap)
+    table = tf_gap.compare(
+        [str(results / "h200-2026-12-04c" / "teacher-forced-gap-cpu.json"), str(path), "--held-out", "0.782", "0.7"]
+    )
+    assert "| the bench text | -0.0882 | -0.0608 | +0.0274 |" in table  # 0.7892, its own held-out row
+    assert "| where chains start | -0.0805 | -0.0446 | +0.0359 |" in table
+
+
 def test_teacher_forced_counts_pool_each_depth_over_the_chains_that_reached_it():
     from draftlab.acceptance.replay import known, replay, text_counts
 

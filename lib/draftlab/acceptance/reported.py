@@ -8,9 +8,13 @@ on the same prompts in the same order (`intervals.paired`).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from draftlab.acceptance.depth import by_depth, depth_edges
 from draftlab.acceptance.intervals import PER_REQUEST, POOLED, SAME, estimate, paired, sample_size, step_table
 from draftlab.families import taken
+from draftlab.writes import write_atomic
 
 # what each draft is weighed against, on the same prompts: EAGLE-3 against prompt lookup, every other family against it
 PAIRS = (("eagle3", "ngram"), *((k, "eagle3") for k in taken() if k != "eagle3"))
@@ -114,3 +118,17 @@ def verdict_text(found: list[dict]) -> str:
         diff = f"{c['a']} - {c['b']} = {c['difference']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
         lines.append(f"{diff}: {SAME if c['verdict'] == SAME else c['verdict']} ({c['n_prompts']} prompts)")
     return "\n".join(lines)
+
+
+PARTIAL = "metrics.partial.json"  # the figures so far, until the last cell writes metrics.json whole
+
+
+def keep_so_far(out_dir, fresh: bool = False, **parts) -> Path:
+    """Adds `parts` to `out_dir/metrics.partial.json` (`fresh`: starts it anew, dropping an earlier run's), so a run cut
+    before its last cell keeps what it measured: on 2026-12-07 a lent GPU's 30 minutes ended while 05 started its
+    last vLLM server, after its served figures, and metrics.json was never written (BENCHMARKS.md). The last cell
+    writes metrics.json whole and removes this file; `"complete": false` says what it is to anyone who finds it."""
+    path = Path(out_dir) / PARTIAL
+    got = json.loads(path.read_text()) if path.is_file() and not fresh else {}
+    write_atomic(path, json.dumps({**got, **parts, "complete": False}, indent=1), "notebook 05's figures so far")
+    return path
