@@ -212,3 +212,31 @@ def test_a_sweep_arm_whose_draft_is_not_at_hand_is_put_through_a_hosts_cost_mode
     for k in (3, 4):
         assert base[("8b", k)]["predicted speed-up"] / base[("8b", k)]["measured"] - 1 == pytest.approx(-0.05, abs=0.01)
     assert all(steps6k[key]["predicted speed-up"] > base[key]["predicted speed-up"] for key in base)
+
+
+def test_a_speculative_steps_host_cost_is_read_from_the_ngram_served_beside_and_predicts_eagle3_on_that_host():
+    """The H100 of 2026-12-07 (BENCHMARKS.md, "The `gpu` profile from a clean checkout"), SmolLM2 at k 5, one request
+    in flight: the verifier alone 2,876 tokens in 8.315 s; the n-gram 2,876 in 9.586 s, 1,002 drafting steps, 1,059
+    accepted; EAGLE-3 1.128x at the loop's tau 2.862. The parts alone (V, E, 5 D: a 3.086 ms step) predicted 2.68x;
+    with the n-gram's step, 1.12x. V(6) is not recorded: it cancels, as the step is the n-gram's plus EAGLE-3's
+    drafting."""
+    from draftlab.acceptance import cost_model
+
+    alone = {"concurrency": 1, "tokens": 2876, "wall_s": 8.315}
+    ngram = {"concurrency": 1, "tokens": 2876, "wall_s": 9.586, "counts": {"drafts": 1002, "accepted": 1059}}
+    served_run = {"k": 5, "runs": {"verifier alone": alone, "ngram": ngram}}
+    step = cost_model.ngram_step_s(served_run)
+    assert step == pytest.approx((9.586 - (2876 - 1002 - 1059) * 8.315 / 2876) / 1002)  # 7.215 ms
+    for v6 in (0.70e-3, 0.78e-3, 0.90e-3):
+        verify = {1: 0.76e-3, 6: v6}
+        e = 8.315 / 2876 - verify[1]
+        draft = (3.086e-3 - v6 - e) / 5  # the recorded 3.086 ms step of V(6) + E + 5 D
+        before = costs.predict({5: 2.862}, costs.Costs(verify, draft, e))[0]["predicted speed-up"]
+        fixed = cost_model.spec_s(served_run, verify, e)
+        after = costs.predict({5: 2.862}, costs.Costs(verify, draft, e, spec_s=fixed))[0]["predicted speed-up"]
+        assert before == pytest.approx(2.68, abs=0.01) and after == pytest.approx(1.128, rel=0.03)
+    assert cost_model.spec_s({"k": 5, "runs": {"verifier alone": alone}}, verify, e) is None  # no n-gram: left out
+    assert (
+        cost_model.ngram_step_s({"k": 5, "runs": {"verifier alone": {**alone, "concurrency": 8}, "ngram": ngram}})
+        is None
+    )

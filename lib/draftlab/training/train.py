@@ -137,7 +137,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
     with closing(batches):  # a stop (NaN, interrupt) ends the loader's worker processes at once
         for batch, position in batches:
             waited = time.perf_counter() - t0  # for its pack: reading it (and, online, vLLM making its states)
-            lr = sched.get_last_lr()[0]
+            lr, n_tokens = sched.get_last_lr()[0], tokens(batch)
             _, loss, m = forward(draft, noised(batch, s.state_noise, s.seed, step + 1, draft.device), **options)
             if not torch.isfinite(loss):
                 raise DraftlabError(
@@ -147,6 +147,9 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
                 )
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            # A loader process's pack lives in shared memory; freeing it took 26 ms here, against 1-5 ms to receive it
+            # (BENCHMARKS.md). Freed now, while the device runs the backward, not when the next pack replaces it.
+            del batch
             norm = torch.nn.utils.clip_grad_norm_([p for p in draft.model.parameters() if p.requires_grad], s.grad_clip)
             if not torch.isfinite(norm):
                 raise DraftlabError(
@@ -163,7 +166,7 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
                 "loss": loss_value,
                 "lr": lr,
                 "grad_norm": norm.item(),
-                "tokens_per_s": tokens(batch) / seconds,
+                "tokens_per_s": n_tokens / seconds,
                 "seconds": seconds,
                 "data_s": waited,
                 "epoch": position[0],
