@@ -240,3 +240,26 @@ def test_a_speculative_steps_host_cost_is_read_from_the_ngram_served_beside_and_
         cost_model.ngram_step_s({"k": 5, "runs": {"verifier alone": {**alone, "concurrency": 8}, "ngram": ngram}})
         is None
     )
+
+
+def test_the_ngram_term_is_read_on_a_gpu_only(monkeypatch):
+    """On a CPU V(m) is transformers' eager forward, host work included: the n-gram's step is not set against it."""
+    from types import SimpleNamespace
+
+    from draftlab.acceptance import cost_model
+
+    verify = {m: 0.76e-3 + 0.004e-3 * m for m in range(1, 8)}
+    parts = {"verify_s": verify, "draft_s": {"ngram": 1e-5, "eagle3": 3e-5}, "how": {"V": "stand-in"}}
+    monkeypatch.setattr(cost_model, "measure", lambda *a, **kw: parts)
+    alone = {"concurrency": 1, "tokens": 2876, "wall_s": 8.315, "tokens_per_s": 2876 / 8.315}
+    ngram = {"concurrency": 1, "tokens": 2876, "wall_s": 9.586, "counts": {"drafts": 1002, "accepted": 1059}}
+    served_run = {"k": 5, "runs": {"verifier alone": {**alone, "levels": [alone]}, "ngram": ngram}}
+    got = {}
+    for device in ("cpu", "cuda"):
+        v = SimpleNamespace(device=SimpleNamespace(type=device))
+        got[device] = cost_model.for_run(v, {"ngram": None}, {}, {}, {"ngram": {5: 1.5}}, served_run, [1], 8)
+    assert got["cpu"]["spec_s"] is None and "V(m) on a CPU holds the host's work" in got["cpu"]["why"]
+    assert got["cuda"]["spec_s"] == pytest.approx(
+        cost_model.ngram_step_s(served_run) - verify[6] - got["cuda"]["engine_s"]
+    )
+    assert got["cuda"]["rows"]["ngram"][0]["step ms"] > 2 * got["cpu"]["rows"]["ngram"][0]["step ms"]

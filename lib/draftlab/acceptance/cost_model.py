@@ -7,13 +7,14 @@ from the served verifier alone, one request in flight (`engine_s`). tau(k) is th
 K_RANGE from one replayed pass (`replay.tau_by_k`), the others' at the k the loop decoded.
 
 On a GPU those parts leave out the engine's host work on a speculative step (scheduling, the proposals' hand-over,
-the rejection sampler), which on a 135M verifier is most of the step: on an H100 on 2026-12-07 the parts gave a
-3.09 ms step at k 5 and a 2.68x prediction, against a 7.6 ms step and 1.128x served (BENCHMARKS.md). So where vLLM
+the rejection sampler), which on a 135M verifier is most of the step: without it the model overstated the served
+speed-up more than twofold on an H100 (BENCHMARKS.md, 2026-12-07). So where vLLM
 served the n-gram at the headline k with one request in flight, its speculative step is read from that run
 (`ngram_step_s`) and what the parts leave out of it becomes the step's fixed cost for every proposer
 (`Costs.spec_s`): the n-gram drafts on the host, so its step is the verifier's and the engine's alone. It is read at
 the n-gram's tau and at one k, so a better draft's longer step per accepted token and the host work's growth with
-k are not in it; and the n-gram's own row, which it is read from, is no check of the model.
+k are not in it; and the n-gram's own row, which it is read from, is no check of the model. On a CPU V(m) is
+transformers' eager forward, which holds its own host work, and the term is not read.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def ngram_step_s(served_run: dict) -> float | None:
     if alone.get("concurrency") != 1 or ngram.get("concurrency") != 1 or not ngram.get("counts", {}).get("drafts"):
         return None
     drafts, accepted = ngram["counts"]["drafts"], ngram["counts"]["accepted"]
-    plain_steps = ngram["tokens"] - drafts - accepted
+    plain_steps = max(ngram["tokens"] - drafts - accepted, 0)
     return (ngram["wall_s"] - plain_steps * alone["wall_s"] / alone["tokens"]) / drafts
 
 
@@ -126,7 +127,10 @@ def for_run(
             taus[kind] = tau_by_k(d, greedy[kind], K_RANGE, max_new_tokens)
     parts = measure(verifier, proposers, prompt_ids, max(max(t) for t in taus.values()), drafts)
     e = engine_s(served_run, parts["verify_s"][1])
-    fixed = spec_s(served_run, parts["verify_s"], e)
+    # on a CPU the eager forwards V(m) already hold transformers' host work, not vLLM's: the term would be set against
+    # them and carry their noise (BENCHMARKS.md), so it is read on a GPU only
+    cpu = verifier.device.type != "cuda"
+    fixed = None if cpu else spec_s(served_run, parts["verify_s"], e)
     rows = {
         n: predict(t, Costs(parts["verify_s"], parts["draft_s"][n], e or 0.0, spec_s=fixed or 0.0, chain=n == "eagle3"))
         for n, t in taus.items()
@@ -136,11 +140,12 @@ def for_run(
         why = (
             f"V(1) {parts['verify_s'][1] * 1e3:.2f} ms ({parts['how']['V']}); the engine's own {e * 1e3:.2f} ms a step"
         )
+        left_out = "V(m) on a CPU holds the host's work" if cpu else "no n-gram served at k one request at a time"
         why += (
             f"; a speculative step's {fixed * 1e3:.2f} ms beyond V(k+1) + E, read from the n-gram served at k "
             f"{served_run['k']} (its row is no check of the model)"
             if fixed is not None
-            else "; no n-gram served one request at a time: a speculative step's own cost is left out"
+            else f"; a speculative step's own cost left out ({left_out})"
         )
     best, table = {n: best_k(r) for n, r in rows.items()}, [{"proposer": n, **r} for n, rs in rows.items() for r in rs]
     return {

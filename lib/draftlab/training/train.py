@@ -147,8 +147,8 @@ def _train(draft, data: Path, s: Settings, run_dir: Path, resume: bool | None, s
                 )
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            # A loader process's pack lives in shared memory; freeing it took 26 ms here, against 1-5 ms to receive it
-            # (BENCHMARKS.md). Freed now, while the device runs the backward, not when the next pack replaces it.
+            # A loader process's pack lives in shared memory, and freeing it costs several times what receiving it
+            # does (BENCHMARKS.md, bench_loader.py): freed now, while the device runs the backward, not in the wait.
             del batch
             norm = torch.nn.utils.clip_grad_norm_([p for p in draft.model.parameters() if p.requires_grad], s.grad_clip)
             if not torch.isfinite(norm):
