@@ -24,21 +24,28 @@ import sys
 import time
 
 
-def one(dataset: str, pack_len: int, workers: int, steps: int, gpu_step_s: float, strategy: str) -> dict:
-    """Median milliseconds, in this process, to receive a pack (`next()` on the stream) and to free the one before
-    (its tensors read first, as a copy to the device reads them)."""
-    import torch.multiprocessing as mp
+def draft_and_data(dataset: str):
+    """An EAGLE-3 draft for the embedded verifier and the dataset's data folder, loguru quiet."""
     from loguru import logger
 
     from draftlab.data.verifier import load_verifier
     from draftlab.drafts import draft
     from draftlab.layout import RunLayout
-    from draftlab.training.data import Packs, open_split
 
     logger.remove()
-    mp.set_sharing_strategy(strategy)
     data = RunLayout(dataset, "bench").data
-    d = draft.build_draft("eagle3", load_verifier("smollm2"), data / "train")
+    return draft.build_draft("eagle3", load_verifier("smollm2"), data / "train"), data
+
+
+def one(dataset: str, pack_len: int, workers: int, steps: int, gpu_step_s: float, strategy: str) -> dict:
+    """Median milliseconds, in this process, to receive a pack (`next()` on the stream) and to free the one before
+    (its tensors read first, as a copy to the device reads them)."""
+    import torch.multiprocessing as mp
+
+    from draftlab.training.data import Packs, open_split
+
+    mp.set_sharing_strategy(strategy)
+    d, data = draft_and_data(dataset)
     packs = Packs(d, open_split(d, data / "train", pack_len), pack_len, 0)
     stream = iter(packs.stream(0, steps, workers))
     receive, free = [], []
@@ -67,17 +74,11 @@ def in_training(dataset: str, pack_len: int, workers: int, steps: int) -> dict:
     from pathlib import Path
 
     import torch
-    from loguru import logger
 
-    from draftlab.data.verifier import load_verifier
-    from draftlab.drafts import draft
-    from draftlab.layout import RunLayout
     from draftlab.training import train
 
-    logger.remove()
-    data = RunLayout(dataset, "bench").data
     torch.manual_seed(0)
-    d = draft.build_draft("eagle3", load_verifier("smollm2"), data / "train")
+    d, data = draft_and_data(dataset)
     s = train.Settings(
         train_steps=steps, learning_rate=1e-3, warmup_steps=2, pack_len=pack_len, ttt_steps=1,
         eval_every=10**9, checkpoint_every=10**9, loader_workers=workers,
@@ -115,7 +116,9 @@ def main() -> None:
     for _ in range(args.repeats):
         for strategy in ("file_descriptor", "file_system"):
             cmd = [sys.executable, __file__, "--one", strategy] + [
-                f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("one", "repeats")
+                f"--{k.replace('_', '-')}={v}"
+                for k, v in vars(args).items()
+                if k not in ("one", "repeats", "in_training")
             ]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))

@@ -1,6 +1,7 @@
-"""What draftlab starts on a GPU, checked where there is none: each server's share of the card sized from what
-is free, the command line (every flag of it one that vLLM's own parser lists, read from the CPU build), the
-per-request figures rebuilt from vLLM's counters, and servers started early stopped when a later cell fails."""
+"""What draftlab starts on a GPU, checked where there is none: the loader processes beside training, each server's
+share of the card sized from what is free, the command line (every flag of it one that vLLM's own parser lists, read
+from the CPU build), the per-request figures rebuilt from vLLM's counters, and servers started early stopped when a
+later cell fails."""
 
 from __future__ import annotations
 
@@ -178,3 +179,19 @@ def test_the_vllm_version_probe_is_kept_per_executable_and_a_failure_is_asked_ag
     command._probe.cache_clear()
     assert command.vllm_version() == "9.9.10", "the failure was not kept"
     command._probe.cache_clear()
+
+
+def test_loader_workers_only_where_the_gpu_would_wait():
+    from draftlab.training.loaders import loader_workers, prefetch
+
+    # offline: half the cores, at most 8 (4 left 15-22% of every step waiting on 16-core hosts), the same 16 packs
+    # read ahead across them as 4 x 4 did
+    assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30)[0] == 8
+    assert loader_workers(None, "cuda:0", cpus=6, shm_free=8 << 30)[0] == 3
+    assert [prefetch(n) for n in (1, 4, 8, 12)] == [16, 4, 2, 2]
+    assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30, online=True)[0] == 12  # each waits on vLLM
+    assert loader_workers(None, "cuda:0", cpus=8, shm_free=8 << 30, online=True)[0] == 6
+    small = loader_workers(None, "cuda:0", cpus=16, shm_free=64 << 20)
+    assert small[0] == 0 and "/dev/shm has 64 MiB free" in small[1] and "--shm-size" in small[1]
+    assert loader_workers(None, "cpu", cpus=16)[0] == 0 and loader_workers(None, "cuda:0", cpus=2)[0] == 0
+    assert loader_workers(3, "cpu") == (3, "as asked (loader_workers)")

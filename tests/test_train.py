@@ -119,22 +119,6 @@ def test_each_pack_is_freed_within_its_own_step_not_while_the_next_is_awaited(ti
     assert len(held) == 4
 
 
-def test_loader_workers_only_where_the_gpu_would_wait():
-    from draftlab.training.loaders import loader_workers, prefetch
-
-    # offline: half the cores, at most 8 (4 left 15-22% of every step waiting on 16-core hosts), the same 16 packs
-    # read ahead across them as 4 x 4 did
-    assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30)[0] == 8
-    assert loader_workers(None, "cuda:0", cpus=6, shm_free=8 << 30)[0] == 3
-    assert [prefetch(n) for n in (1, 4, 8, 12)] == [16, 4, 2, 2]
-    assert loader_workers(None, "cuda:0", cpus=16, shm_free=8 << 30, online=True)[0] == 12  # each waits on vLLM
-    assert loader_workers(None, "cuda:0", cpus=8, shm_free=8 << 30, online=True)[0] == 6
-    small = loader_workers(None, "cuda:0", cpus=16, shm_free=64 << 20)
-    assert small[0] == 0 and "/dev/shm has 64 MiB free" in small[1] and "--shm-size" in small[1]
-    assert loader_workers(None, "cpu", cpus=16)[0] == 0 and loader_workers(None, "cuda:0", cpus=2)[0] == 0
-    assert loader_workers(3, "cpu") == (3, "as asked (loader_workers)")
-
-
 def test_run_folder_layout_metrics_and_reload_through_speculators(tiny, data, layout):
     d = make(tiny, data)
     run = train(d, layout, Settings(**{**S, "train_steps": 6, "eval_every": 3, "checkpoint_every": 2}), progress=False)

@@ -8,13 +8,13 @@ K_RANGE from one replayed pass (`replay.tau_by_k`), the others' at the k the loo
 
 On a GPU those parts leave out the engine's host work on a speculative step (scheduling, the proposals' hand-over,
 the rejection sampler), which on a 135M verifier is most of the step: without it the model overstated the served
-speed-up more than twofold on an H100 (BENCHMARKS.md, 2026-12-07). So where vLLM
-served the n-gram at the headline k with one request in flight, its speculative step is read from that run
-(`ngram_step_s`) and what the parts leave out of it becomes the step's fixed cost for every proposer
-(`Costs.spec_s`): the n-gram drafts on the host, so its step is the verifier's and the engine's alone. It is read at
-the n-gram's tau and at one k, so a better draft's longer step per accepted token and the host work's growth with
-k are not in it; and the n-gram's own row, which it is read from, is no check of the model. On a CPU V(m) is
-transformers' eager forward, which holds its own host work, and the term is not read.
+speed-up more than twofold on an H100 (BENCHMARKS.md, 2026-12-07). So where vLLM served the n-gram at the headline
+k with one request in flight, its speculative step is read from that run (`ngram_step_s`), and what the parts leave
+out of it becomes the step's fixed cost for every proposer (`Costs.spec_s`): the n-gram drafts on the host, so its
+step is the verifier's and the engine's alone. It is read at the n-gram's tau and at one k, so a better draft's
+longer step per accepted token and the host work's growth with k are not in it, and the n-gram's own row, which it
+is read from, is no check of the model. On a CPU V(m) is transformers' eager forward, which holds its own host
+work, and the term is not read.
 """
 
 from __future__ import annotations

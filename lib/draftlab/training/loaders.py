@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 ONLINE_WORKERS = 12  # online on CUDA: loader processes, each waiting on its own vLLM request
-OFFLINE_WORKERS = 8  # offline on CUDA, at most half the cores: 4 left 15-22% of every step waiting (BENCHMARKS.md)
+OFFLINE_WORKERS = 8  # offline on CUDA, at most half the cores (4 and 8 waited alike: the wait was not theirs)
 READ_AHEAD = 16  # packs read ahead across the loader processes (each in /dev/shm until the GPU takes it)
 
 
@@ -20,10 +20,11 @@ def loader_workers(
 
     Reading a pack (Arrow rows to tensors, then speculators' collate) is Python-bound: on a GPU it
     can take as long as a whole training step (BENCHMARKS.md), so the GPU would wait on it every step. On CUDA
-    worker processes read ahead while the GPU trains; on CPU the cores are the trainer's. With 4 of them the
-    `gpu` profile's 8192-token packs still kept 15-22% of every step waiting on an H100 and an H200 (16 cores, a
-    0.040-0.058 s step): a pack took one process about four steps to read, so half the cores read. Workers
-    hand packs over through /dev/shm, which containers often keep small. Online, a worker spends its time
+    worker processes read ahead while the GPU trains; on CPU the cores are the trainer's. Half the cores read:
+    with 4 processes the `gpu` profile's steps still waited, which looked like a supply limit, but 8 waited as
+    much, flat in every epoch; the wait was the training process freeing each pack's shared memory as the next
+    arrived, which `train` now does during the step (BENCHMARKS.md, 2026-12-07). Workers hand packs over through
+    /dev/shm, which containers often keep small. Online, a worker spends its time
     waiting on vLLM (speculators asks for one row at a time), not on a core: each worker is one more request in
     flight for the server to batch, so there are more of them (BENCHMARKS.md, "Online hidden states").
     """
